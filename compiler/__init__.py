@@ -1,0 +1,18 @@
+"""KeepFast's compiler core: compile once per model structure, serve every shape,
+keep graphs on disk without weights. Never imports ComfyUI."""
+
+from .backends import DEFAULT_BACKEND, backend_names, get_backend, register_backend, unavailable_reason
+from .compiled_forward import CompiledForward, CompileOptions
+from .diffusers_api import compile_module, compile_pipe, load_pipe, save_pipe, uncompile_module
+from .registry import GraphRegistry, default_registry
+from .shapes import DEFAULT_RANGE, ShapeRange
+from .store import GraphRefused, GraphStore, StoreError
+from .trust import TrustList
+from .version import __version__
+
+__all__ = [
+    "DEFAULT_BACKEND", "DEFAULT_RANGE", "CompiledForward", "CompileOptions", "GraphRefused", "GraphRegistry",
+    "GraphStore", "ShapeRange", "StoreError", "TrustList", "__version__", "backend_names", "compile_module",
+    "compile_pipe", "default_registry", "get_backend", "load_pipe", "register_backend", "save_pipe",
+    "uncompile_module", "unavailable_reason",
+]

@@ -1,0 +1,7 @@
+"""`python -m compiler ...`: see compiler/cli.py."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

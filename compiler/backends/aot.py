@@ -1,0 +1,219 @@
+"""`aot`: torch.export over a declared shape range, packaged by AOTInductor.
+
+The package is built with the weights left out and always-kept tensor
+constants, so it is small, holds no checkpoint, and is bound at run time to
+whichever module's tensors it should use (bind before the first call: an
+unbound package crashes the process). Export records the shape guards the
+graph relies on; the AOTInductor runtime does not check them, so the guards
+travel in the manifest and are checked before each call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..flat_module import MODULE_PREFIX, FlatForward, dump_out_spec, load_out_spec, module_tensors
+from ..guards import GuardSet, readable, size_ref
+from ..keys import GraphKey
+from ..shapes import leaf_bounds
+from ..signature import FlatCall
+from .base import Backend, CompileFailed, CompiledGraph, PackageInfo, Progress, no_progress
+
+MIN_TORCH = (2, 6)
+
+# Weights stay out of the package; tiny tensors are not inlined as literals
+# (they would silently ignore another checkpoint's values).
+PACKAGE_CONFIG = {
+    "aot_inductor.package_constants_in_so": False,
+    "always_keep_tensor_constants": True,
+}
+
+_SYMBOL = re.compile(r"\b[su]\d+\b")
+
+
+def _torch_at_least(version: tuple) -> bool:
+    parts = re.findall(r"\d+", torch.__version__)[:2]
+    return tuple(int(p) for p in parts) >= version
+
+
+@contextlib.contextmanager
+def _export_settings():
+    """Keep size-1 dims and equal-sized dims symbolic while tracing."""
+    import torch.fx.experimental._config as fx_config
+
+    with fx_config.patch(backed_size_oblivious=True, use_duck_shape=False):
+        yield
+
+
+def _guards_from(ep: "torch.export.ExportedProgram") -> List[str]:
+    """Turn the exported program's shapes, ranges and guards into checkable text."""
+    from torch.export.graph_signature import InputKind
+    from torch.utils._sympy.printers import PythonPrinter
+
+    printer = PythonPrinter()
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    user_inputs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    refs: Dict[str, str] = {}
+    pending: List[tuple] = []
+    guards: List[str] = []
+    for leaf, name in enumerate(user_inputs):
+        for dim, size in enumerate(placeholders[name].meta["val"].shape):
+            ref = size_ref(leaf, dim)
+            if isinstance(size, int):
+                guards.append(f"{ref} == {size}")
+                continue
+            expr = size.node.expr
+            if len(expr.free_symbols) == 1 and expr == next(iter(expr.free_symbols)) and str(expr) not in refs:
+                refs[str(expr)] = ref
+                bounds = ep.range_constraints.get(expr)
+                if bounds is not None:
+                    guards.append(f"{ref} >= {int(bounds.lower)}")
+                    if bounds.upper.is_finite if hasattr(bounds.upper, "is_finite") else True:
+                        try:
+                            guards.append(f"{ref} <= {int(bounds.upper)}")
+                        except (TypeError, ValueError):
+                            pass
+            else:
+                pending.append((ref, expr))
+    for ref, expr in pending:
+        text = _SYMBOL.sub(lambda m: refs.get(m.group(0), m.group(0)), printer.doprint(expr))
+        if _SYMBOL.search(text):
+            raise CompileFailed(f"cannot express the shape {expr} of an input as a guard")
+        guards.append(f"{ref} == {text}")
+    guards.extend(getattr(ep, "_guards_code", []) or [])
+    return guards
+
+
+class AotGraph(CompiledGraph):
+    def __init__(self, key: GraphKey, package_bytes: bytes, info: PackageInfo, origin: str):
+        self.key = key
+        self.origin = origin
+        self.info = info
+        self._package_bytes = package_bytes
+        self._guards = GuardSet(info.guards)
+        self._out_spec = load_out_spec(info.out_spec)
+        if self._out_spec is None:
+            raise CompileFailed("the graph's output structure is unknown (it could not be serialised)")
+        self._names = list(info.constant_names)
+        self._lock = threading.Lock()
+        self._bound: Optional[tuple] = None
+        self._runner = _load_runner(package_bytes)
+        expected = set(self._runner.get_constant_fqns())
+        if expected != set(self._names):
+            raise CompileFailed(
+                "the package's weight names do not match its manifest "
+                f"({len(expected)} in the package, {len(self._names)} in the manifest)"
+            )
+
+    @property
+    def nbytes(self) -> int:
+        return len(self._package_bytes)
+
+    @property
+    def persistent(self) -> bool:
+        return True
+
+    def why_not(self, call: FlatCall) -> Optional[str]:
+        failed = self._guards.first_failure(call.shapes)
+        if failed is None:
+            return None
+        return "shape guard " + readable(failed, call.tensor_paths) + " does not hold"
+
+    def _bind(self, module: torch.nn.Module) -> None:
+        tensors = module_tensors(module)
+        try:
+            chosen = {name: tensors[name] for name in self._names}
+        except KeyError as missing:
+            raise CompileFailed(f"the module has no tensor {missing.args[0][len(MODULE_PREFIX):]}") from None
+        token = (id(module), tuple(t.data_ptr() for t in chosen.values()))
+        if token != self._bound:
+            self._runner.load_constants(chosen, check_full_update=True, user_managed=True)
+            self._bound = token
+
+    def run(self, module: torch.nn.Module, call: FlatCall) -> Any:
+        with self._lock:
+            self._bind(module)
+            outputs = self._runner(call.tensors)
+        if isinstance(outputs, torch.Tensor):
+            outputs = [outputs]
+        return pytree.tree_unflatten(list(outputs), self._out_spec)
+
+    def write_package(self, path: Path) -> PackageInfo:
+        Path(path).write_bytes(self._package_bytes)
+        return self.info
+
+
+def _load_runner(package_bytes: bytes):
+    """Load from a private copy: the bytes were verified, a path could change."""
+    with tempfile.TemporaryDirectory(prefix="keepfast-load-") as folder:
+        path = os.path.join(folder, "graph.pt2")
+        with open(path, "wb") as handle:
+            handle.write(package_bytes)
+        return torch._inductor.aoti_load_package(path)
+
+
+class AotBackend(Backend):
+    name = "aot"
+    persistent = True
+    package_suffix = ".pt2"
+
+    def unavailable_reason(self) -> Optional[str]:
+        if not _torch_at_least(MIN_TORCH):
+            return (
+                f"the aot backend needs torch >= {'.'.join(map(str, MIN_TORCH))} "
+                f"(AOTInductor packages); this is torch {torch.__version__}"
+            )
+        return None
+
+    def compile(self, module, forward_fn, call: FlatCall, key: GraphKey,
+                progress: Progress = no_progress) -> AotGraph:
+        from torch.export import Dim
+
+        flat = FlatForward(module, forward_fn, call)
+        roles = [t.dims for t in call.signature.tensors]
+        bounds = leaf_bounds(call.shapes, roles, key.shape_range)
+        dynamic = [{d: Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in b.items()} for b in bounds]
+        progress("tracing with torch.export", 0.05)
+        try:
+            with _export_settings(), torch.no_grad():
+                ep = torch.export.export(flat, (list(call.tensors),), dynamic_shapes=(dynamic,), strict=False)
+        except Exception as error:  # export failures are many and varied
+            raise CompileFailed(f"torch.export failed: {type(error).__name__}: {_first_line(error)}") from error
+        guards = _guards_from(ep)
+        if flat.out_spec is None:
+            raise CompileFailed("the model's output structure was not seen while tracing")
+        info = PackageInfo(
+            guards=guards,
+            out_spec=dump_out_spec(flat.out_spec),
+            input_paths=call.tensor_paths,
+        )
+        progress("compiling with AOTInductor", 0.3)
+        with tempfile.TemporaryDirectory(prefix="keepfast-aoti-") as folder:
+            target = os.path.join(folder, "graph.pt2")
+            try:
+                torch._inductor.aoti_compile_and_package(ep, package_path=target, inductor_configs=PACKAGE_CONFIG)
+            except Exception as error:
+                raise CompileFailed(f"AOTInductor failed: {type(error).__name__}: {_first_line(error)}") from error
+            package = Path(target).read_bytes()
+        progress("loading the compiled package", 0.95)
+        runner = _load_runner(package)
+        info.constant_names = sorted(runner.get_constant_fqns())
+        del runner
+        return AotGraph(key.with_variant(guards), package, info, origin="compiled")
+
+    def load_bytes(self, package_bytes: bytes, key: GraphKey, info: PackageInfo) -> AotGraph:
+        return AotGraph(key, package_bytes, info, origin="loaded")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else type(error).__name__

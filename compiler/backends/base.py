@@ -1,0 +1,106 @@
+"""What every backend provides, so callers never care which one runs.
+
+A backend turns (module, one example call, declared range) into a
+`CompiledGraph`. A graph holds no weights of its own: `run` takes the module
+whose weights it should use, which is how one graph serves every checkpoint of
+an architecture and sees LoRA patches applied in place.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from ..flat_module import ForwardFn
+from ..keys import GraphKey
+from ..signature import FlatCall
+
+Progress = Callable[[str, float], None]  # (stage, fraction done)
+
+
+def no_progress(stage: str, fraction: float) -> None:
+    return None
+
+
+class CompileFailed(Exception):
+    """The backend could not build a graph; the message says why."""
+
+
+class BackendUnavailable(Exception):
+    """The backend cannot run in this environment; the message says why."""
+
+
+@dataclass
+class PackageInfo:
+    """What a persistent backend writes next to its package in the manifest."""
+
+    guards: List[str] = field(default_factory=list)
+    out_spec: Optional[str] = None
+    constant_names: List[str] = field(default_factory=list)
+    input_paths: List[str] = field(default_factory=list)
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+class CompiledGraph(ABC):
+    key: GraphKey
+    origin: str  # "compiled" or "loaded"
+
+    @abstractmethod
+    def why_not(self, call: FlatCall) -> Optional[str]:
+        """None if this graph serves the call, else the reason it cannot."""
+
+    @abstractmethod
+    def run(self, module: torch.nn.Module, call: FlatCall) -> Any:
+        """Run with `module`'s current weights; returns the output structure."""
+
+    @property
+    def nbytes(self) -> int:
+        return 0
+
+    @property
+    def persistent(self) -> bool:
+        return False
+
+    def write_package(self, path: Path) -> PackageInfo:
+        raise NotImplementedError(f"{type(self).__name__} cannot be saved")
+
+
+class Backend(ABC):
+    name: str = ""
+    persistent: bool = False
+    package_suffix: str = ""
+
+    def unavailable_reason(self) -> Optional[str]:
+        return None
+
+    @abstractmethod
+    def compile(
+        self,
+        module: torch.nn.Module,
+        forward_fn: ForwardFn,
+        call: FlatCall,
+        key: GraphKey,
+        progress: Progress = no_progress,
+    ) -> CompiledGraph:
+        ...
+
+    def load_bytes(self, package_bytes: bytes, key: GraphKey, info: PackageInfo) -> CompiledGraph:
+        """Build a graph from package bytes the store has already verified."""
+        raise BackendUnavailable(f"backend {self.name!r} cannot load graphs from disk")
+
+
+LeafBounds = List[Dict[int, tuple]]  # per tensor input: dim -> (low, high)
+
+
+def range_failure(shapes: Sequence[Sequence[int]], bounds: LeafBounds, paths: Sequence[str]) -> Optional[str]:
+    """Check each dynamic dimension against the bounds a graph was built for."""
+    for shape, leaf_bounds, path in zip(shapes, bounds, paths):
+        for dim, (low, high) in leaf_bounds.items():
+            size = shape[dim]
+            if not low <= size <= high:
+                return f"{path}.shape[{dim}] = {size} is outside the graph's range {low}-{high}"
+    return None

@@ -1,0 +1,130 @@
+"""Command line: the demo, and graph store upkeep (ls, verify, rm, trust).
+
+The same functions the ComfyUI nodes and the diffusers API use; nothing here
+has logic of its own beyond printing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from .store import GraphRefused, GraphStore
+
+
+def _graphs_ls(args) -> int:
+    store = GraphStore(args.dir)
+    if not store.root.is_dir():
+        print(f"{store.root}: no such graphs folder", file=sys.stderr)
+        return 2
+    rows = []
+    for path, stored, problem in store.entries():
+        if stored is None:
+            rows.append({"name": str(path.relative_to(store.root)), "problem": problem})
+            continue
+        summary = stored.manifest.summary()
+        summary["name"] = stored.name
+        summary["trusted"] = store.trust.is_trusted(stored.manifest.package_sha256)
+        rows.append(summary)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    if not rows:
+        print(f"{store.root}: no graphs")
+    for row in rows:
+        if "problem" in row:
+            print(f"{row['name']}  UNREADABLE: {row['problem']}")
+            continue
+        ranges = ", ".join(f"{k} {v[0]}-{v[1]}" for k, v in row["shape_range"].items())
+        print(f"{row['name']}  {row['architecture']} {row['dtype']} {row['device']} {row['backend']} "
+              f"torch {row['torch_version']}  [{ranges}]  {row['bytes'] / 1e6:.1f} MB  "
+              f"{'trusted' if row['trusted'] else 'NOT TRUSTED'}  {row['created']}")
+    return 0
+
+
+def _graphs_verify(args) -> int:
+    store = GraphStore(args.dir)
+    if not store.root.is_dir():
+        print(f"{store.root}: no such graphs folder", file=sys.stderr)
+        return 2
+    bad = store.verify()
+    for path, problem in bad:
+        print(f"BAD {path}: {problem}")
+    good = len(store.graphs()) - len({p for p, _ in bad if p.suffix == ".json"})
+    print(f"{len(store.graphs())} graphs, {len(bad)} problems")
+    return 1 if bad else 0
+
+
+def _graphs_rm(args) -> int:
+    store = GraphStore(args.dir)
+    try:
+        removed = store.remove(args.name)
+    except (GraphRefused, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for path in removed:
+        print(f"removed {path}")
+    return 0
+
+
+def _graphs_trust(args) -> int:
+    from .trust import TrustList
+    from .manifest import Manifest, ManifestError
+
+    path = Path(args.file)
+    try:
+        manifest = Manifest.read(path if path.suffix == ".json" else path.with_suffix(".json"))
+    except (ManifestError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    store = GraphStore(path.parent.parent)
+    from .store import StoredGraph
+
+    stored = StoredGraph(manifest, path if path.suffix == ".json" else path.with_suffix(".json"))
+    problems = store.problems(stored)
+    if problems:
+        print(f"refused: {problems[0]}", file=sys.stderr)
+        return 1
+    TrustList().add(manifest.package_sha256, f"trusted by the user from {stored.package_path}")
+    print(f"trusted {stored.package_path} (sha256 {manifest.package_sha256[:16]}...)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m compiler", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="compile, sweep, save and reload a small SD pipeline")
+    demo.add_argument("--out", required=True, help="folder for graphs and report.json")
+    demo.add_argument("--steps", type=int, default=4)
+    demo.add_argument("--load-check", action="store_true", help=argparse.SUPPRESS)
+
+    graphs = commands.add_parser("graphs", help="inspect and maintain a graphs folder")
+    graph_commands = graphs.add_subparsers(dest="graphs_command", required=True)
+    ls = graph_commands.add_parser("ls", help="list graphs")
+    ls.add_argument("dir")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(run=_graphs_ls)
+    verify = graph_commands.add_parser("verify", help="check every graph; exit 1 naming bad files")
+    verify.add_argument("dir")
+    verify.set_defaults(run=_graphs_verify)
+    rm = graph_commands.add_parser("rm", help="remove a graph (FOLDER/GRAPH_ID as ls shows)")
+    rm.add_argument("dir")
+    rm.add_argument("name")
+    rm.set_defaults(run=_graphs_rm)
+    trust = graph_commands.add_parser("trust", help="trust a graph built elsewhere (its .json)")
+    trust.add_argument("file")
+    trust.set_defaults(run=_graphs_trust)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "demo":
+        from .demo import run_demo
+
+        return run_demo(Path(args.out), steps=args.steps, load_check=args.load_check)
+    return args.run(args)

@@ -1,0 +1,252 @@
+"""compile_pipe / save_pipe / load_pipe for diffusers pipelines.
+
+The wrapped modules keep their class and attributes (pipelines read
+`unet.config`, `vae.dtype`, ...): only their `forward` is replaced, on the
+instance, by a CompiledForward. `save_pipe` needs no generated image: it
+builds example calls from the models' configs, compiles for the declared
+range and writes the graphs; when the VAE will be upcast to float32 at decode
+time (`force_upcast` with float16 weights) it saves float32 VAE graphs too,
+because dtype is part of the key.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+from .backends import DEFAULT_BACKEND
+from .calls import canonical_binder
+from .compiled_forward import CompiledForward, CompileOptions
+from .environment import device_kind, torch_version
+from .registry import LOAD, REFUSED, GraphRegistry, default_registry
+from .shapes import DEFAULT_RANGE, ShapeRange
+from .store import GraphRefused, GraphStore, StoreError
+from .structure import module_device, module_dtype
+
+log = logging.getLogger("keepfast")
+
+TARGETS = ("unet", "vae.decoder", "vae.encoder")
+_ATTRIBUTE = "_keepfast"
+
+
+@dataclass
+class PipeReport:
+    saved: List[str] = field(default_factory=list)
+    loaded: List[str] = field(default_factory=list)
+    problems: List[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"saved {s}" for s in self.saved] + [f"loaded {s}" for s in self.loaded]
+        return "\n".join(lines + [f"problem: {p}" for p in self.problems]) or "nothing to do"
+
+
+def _resolve(pipe, target: str) -> Optional[torch.nn.Module]:
+    obj = pipe
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj if isinstance(obj, torch.nn.Module) else None
+
+
+def compiled_parts(pipe) -> Dict[str, CompiledForward]:
+    return dict(getattr(pipe, _ATTRIBUTE, {}))
+
+
+def compile_module(module: torch.nn.Module, options: Optional[CompileOptions] = None,
+                   registry: Optional[GraphRegistry] = None) -> CompiledForward:
+    """Route `module`'s calls through a CompiledForward (undo with `uncompile_module`)."""
+    existing = module.__dict__.get("forward")
+    if isinstance(existing, CompiledForward):
+        existing.options = options or existing.options
+        return existing
+    options = options or CompileOptions()
+    if options.normalise is None:
+        options = options.with_(normalise=canonical_binder(type(module).forward))
+    compiled = CompiledForward(module, options, registry)
+    module.forward = compiled
+    return compiled
+
+
+def uncompile_module(module: torch.nn.Module) -> None:
+    if isinstance(module.__dict__.get("forward"), CompiledForward):
+        del module.forward
+
+
+def compile_pipe(
+    pipe,
+    *,
+    backend: str = DEFAULT_BACKEND,
+    shape_range: ShapeRange = DEFAULT_RANGE,
+    ignores: Iterable[str] = (),
+    graphs_dir: Optional[str | Path] = None,
+    autosave: bool = False,
+    compile_on_miss: bool = True,
+    registry: Optional[GraphRegistry] = None,
+):
+    """Compile the pipeline's UNet and VAE (decoder and encoder) in place; returns `pipe`."""
+    ignores = set(ignores)
+    unknown = ignores - set(TARGETS)
+    if unknown:
+        raise ValueError(f"unknown targets to ignore: {sorted(unknown)}; targets are {TARGETS}")
+    store = GraphStore(graphs_dir) if graphs_dir is not None else None
+    parts = compiled_parts(pipe)
+    for target in TARGETS:
+        module = _resolve(pipe, target)
+        if target in ignores or module is None:
+            continue
+        options = CompileOptions(
+            backend=backend, shape_range=shape_range, store=store, autosave=autosave,
+            compile_on_miss=compile_on_miss, label=target,
+        )
+        parts[target] = compile_module(module, options, registry or default_registry())
+    setattr(pipe, _ATTRIBUTE, parts)
+    return pipe
+
+
+def example_calls(pipe, target: str, shape_range: ShapeRange, batch: int = 2,
+                  sequence: int = 77) -> List[Tuple[tuple, dict]]:
+    """Calls shaped as the pipeline makes them, inside the declared range."""
+    module = _resolve(pipe, target)
+    dtype, device = module_dtype(module), module_device(module)
+    batch = min(max(batch, shape_range.batch[0]), shape_range.batch[1])
+    low, high = shape_range.spatial
+    side = min(max(64, low), high)
+    side = max(low, side - side % 8) if side >= 8 else side
+    sequence = min(max(sequence, shape_range.sequence[0]), shape_range.sequence[1])
+    options = dict(dtype=dtype, device=device)
+    if target == "unet":
+        config = module.config
+        sample = torch.randn(batch, config.in_channels, side, side, **options)
+        kwargs = {
+            "encoder_hidden_states": torch.randn(batch, sequence, config.cross_attention_dim, **options),
+            "return_dict": False,
+        }
+        if config.addition_embed_type == "text_time":
+            time_dim = config.addition_time_embed_dim
+            text_dim = config.projection_class_embeddings_input_dim - 6 * time_dim
+            kwargs["added_cond_kwargs"] = {
+                "text_embeds": torch.randn(batch, text_dim, **options),
+                "time_ids": torch.randn(batch, 6, **options),
+            }
+        timestep = torch.tensor(500.0, device=device)
+        return [((sample, timestep), kwargs)]
+    vae = pipe.vae
+    if target == "vae.decoder":
+        channels = vae.config.latent_channels
+        return [((torch.randn(1, channels, side, side, **options),), {})]
+    if target == "vae.encoder":
+        scale = 2 ** (len(vae.config.block_out_channels) - 1)
+        return [((torch.randn(1, vae.config.in_channels, side * scale, side * scale, **options),), {})]
+    raise ValueError(f"unknown target {target!r}")
+
+
+def _vae_upcasts(pipe) -> bool:
+    vae = getattr(pipe, "vae", None)
+    return bool(vae is not None and vae.dtype == torch.float16 and getattr(vae.config, "force_upcast", False))
+
+
+def save_pipe(
+    pipe,
+    graphs_dir: str | Path,
+    *,
+    shape_range: Optional[ShapeRange] = None,
+    backend: str = DEFAULT_BACKEND,
+    ignores: Iterable[str] = (),
+    registry: Optional[GraphRegistry] = None,
+) -> PipeReport:
+    """Compile (if needed) for the declared range and write every graph into `graphs_dir`."""
+    parts = compiled_parts(pipe)
+    if not parts:
+        compile_pipe(pipe, backend=backend, shape_range=shape_range or DEFAULT_RANGE,
+                     ignores=ignores, graphs_dir=graphs_dir, registry=registry)
+        parts = compiled_parts(pipe)
+    store = GraphStore(graphs_dir)
+    report = PipeReport()
+    for target, compiled in parts.items():
+        if target in set(ignores):
+            continue
+        compiled.options = compiled.options.with_(store=store, **({"shape_range": shape_range} if shape_range else {}))
+        dtypes = [module_dtype(compiled.module)]
+        if target.startswith("vae.") and _vae_upcasts(pipe):
+            dtypes.append(torch.float32)
+        for dtype in dtypes:
+            report.saved += _save_target(pipe, target, compiled, store, dtype, report)
+    return report
+
+
+def _save_target(pipe, target, compiled: CompiledForward, store: GraphStore, dtype, report) -> List[str]:
+    module = compiled.module
+    original = module_dtype(module)
+    if dtype != original:
+        module.to(dtype)
+    try:
+        calls = example_calls(pipe, target, compiled.options.shape_range)
+        if any(r != "ready" for r in compiled.warmup(calls)):
+            report.problems.append(f"{target}: " + "; ".join(compiled.warmup(calls)))
+        saved = []
+        for args, kwargs in calls:
+            call = compiled.flatten(args, kwargs)
+            family = compiled.family_for(call)
+            for graph in compiled.registry.family_graphs(family):
+                if not graph.persistent:
+                    report.problems.append(f"{target}: the {family.backend} backend's graphs cannot be saved")
+                    continue
+                try:
+                    stored = store.save(graph, call.signature.to_json())
+                except StoreError as error:
+                    report.problems.append(f"{target}: {error}")
+                    continue
+                saved.append(f"{target} ({family.dtype}) -> {stored.package_path}")
+        return saved
+    finally:
+        if dtype != original:
+            module.to(original)
+
+
+def load_pipe(
+    pipe,
+    graphs_dir: str | Path,
+    *,
+    compile_on_miss: bool = True,
+    shape_range: ShapeRange = DEFAULT_RANGE,
+    ignores: Iterable[str] = (),
+    registry: Optional[GraphRegistry] = None,
+) -> PipeReport:
+    """Serve the pipeline from the graphs in `graphs_dir` (loaded now, verified and trusted)."""
+    report = PipeReport()
+    folder = Path(graphs_dir)
+    if not folder.is_dir():
+        report.problems.append(f"graphs folder {folder} does not exist; "
+                               + ("graphs will be compiled" if compile_on_miss else "running eager"))
+    compile_pipe(pipe, backend=DEFAULT_BACKEND, shape_range=shape_range, ignores=ignores,
+                 graphs_dir=graphs_dir, compile_on_miss=compile_on_miss, registry=registry)
+    store = GraphStore(graphs_dir)
+    for target, compiled in compiled_parts(pipe).items():
+        structure = compiled.structure()
+        for stored in store.graphs() if folder.is_dir() else []:
+            family = stored.manifest.key.family
+            if family.structure != structure:
+                continue
+            if any(g.key.id == stored.manifest.graph_id for g in compiled.registry.graphs()):
+                report.loaded.append(f"{target}: {stored.name} (already in memory)")
+                continue
+            here = replace(family, torch_version=torch_version(),
+                           device=device_kind(module_device(compiled.module)))
+            started = time.perf_counter()
+            try:
+                graph = store.load(stored, here)
+            except GraphRefused as error:
+                compiled.registry.record(REFUSED, family, f"{target}: {error}")
+                report.problems.append(f"{target}: {error}")
+                continue
+            compiled.registry.add(graph)
+            compiled.registry.record(LOAD, family, f"{target}: loaded {stored.name}", graph_id=graph.key.id,
+                                     seconds=time.perf_counter() - started)
+            report.loaded.append(f"{target}: {stored.name}")
+    return report

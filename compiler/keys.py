@@ -1,0 +1,85 @@
+"""Graph keys: the one place that says when two calls may share a graph.
+
+A *family* is everything except the shape range: model structure, input
+structure, dtype, device kind, backend and torch version. A family may hold
+several graphs with different shape ranges; a call picks the first one whose
+range and guards serve it. A new input structure is a new family, so it adds
+graphs and never replaces another family's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+
+from .shapes import ShapeRange
+
+
+def _short_hash(payload: object, length: int = 16) -> str:
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+@dataclass(frozen=True)
+class FamilyKey:
+    architecture: str
+    structure: str
+    signature: str
+    dtype: str
+    device: str
+    backend: str
+    torch_version: str
+
+    @property
+    def id(self) -> str:
+        return _short_hash(asdict(self))
+
+    @property
+    def folder_name(self) -> str:
+        """Graphs of one model structure share a folder, whatever their inputs."""
+        return f"{self.architecture}-{self.structure[:12]}"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "FamilyKey":
+        return cls(**{f.name: str(data[f.name]) for f in fields(cls)})
+
+    def differences(self, wanted: "FamilyKey") -> list[str]:
+        """Each field where this (a graph's) key differs from the wanted one."""
+        out = []
+        for f in fields(self):
+            have, want = getattr(self, f.name), getattr(wanted, f.name)
+            if have != want:
+                out.append(f"{f.name}: graph has {have}, this run needs {want}")
+        return out
+
+    def describe(self) -> str:
+        return (
+            f"{self.architecture} [{self.structure[:12]}] {self.dtype} on {self.device}, "
+            f"{self.backend}, torch {self.torch_version}, inputs {self.signature}"
+        )
+
+
+@dataclass(frozen=True)
+class GraphKey:
+    """One graph: a family, the range it was declared for, and its variant.
+
+    The variant tells apart graphs of one family and range that tracing split
+    into regions (e.g. CPU convolutions guard on batch > 1): it is a hash of
+    the graph's guards, known once it is built.
+    """
+
+    family: FamilyKey
+    shape_range: ShapeRange
+    variant: str = ""
+
+    @property
+    def id(self) -> str:
+        suffix = f"-{self.variant}" if self.variant else ""
+        return f"{self.family.id}-{_short_hash(self.shape_range.to_json(), 8)}{suffix}"
+
+    def with_variant(self, payload: object) -> "GraphKey":
+        return GraphKey(self.family, self.shape_range, _short_hash(payload, 8))

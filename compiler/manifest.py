@@ -1,0 +1,133 @@
+"""The graph manifest: a JSON file that says what a package is and where it may run.
+
+JSON only: nothing in a graph store is ever unpickled. The manifest carries
+the full key (so a graph is refused on another torch version, device kind,
+dtype, backend or model structure, naming the field), the package's sha256
+(checked before the package is read as code), the shape guards and the
+output layout needed to serve calls without tracing anything again.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from .backends.base import PackageInfo
+from .environment import machine
+from .keys import FamilyKey, GraphKey
+from .shapes import ShapeRange
+from .version import __version__
+
+FORMAT = "keepfast-graph"
+FORMAT_VERSION = 1
+MANIFEST_SUFFIX = ".json"
+
+
+class ManifestError(ValueError):
+    """A manifest is unreadable or not ours; the message says why."""
+
+
+@dataclass
+class Manifest:
+    key: GraphKey
+    package_file: str
+    package_sha256: str
+    package_bytes: int
+    info: PackageInfo
+    signature: Dict[str, Any]
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    created_on: str = field(default_factory=machine)
+    pack_version: str = __version__
+    origin: str = "built here"
+
+    @property
+    def graph_id(self) -> str:
+        return self.key.id
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "graph_id": self.graph_id,
+            "family": self.key.family.to_json(),
+            "family_id": self.key.family.id,
+            "shape_range": self.key.shape_range.to_json(),
+            "variant": self.key.variant,
+            "package": {"file": self.package_file, "sha256": self.package_sha256, "bytes": self.package_bytes},
+            "guards": self.info.guards,
+            "out_spec": self.info.out_spec,
+            "constant_names": self.info.constant_names,
+            "input_paths": self.info.input_paths,
+            "signature": self.signature,
+            "created": self.created,
+            "created_on": self.created_on,
+            "pack_version": self.pack_version,
+            "origin": self.origin,
+        }
+
+    def dumps(self) -> bytes:
+        return (json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Manifest":
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ManifestError("not a graph manifest")
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ManifestError(f"manifest format {version}, this pack reads format {FORMAT_VERSION}")
+        try:
+            key = GraphKey(FamilyKey.from_json(data["family"]), ShapeRange.from_json(data["shape_range"]),
+                           str(data.get("variant", "")))
+            package = data["package"]
+            manifest = cls(
+                key=key,
+                package_file=str(package["file"]),
+                package_sha256=str(package["sha256"]),
+                package_bytes=int(package["bytes"]),
+                info=PackageInfo(
+                    guards=[str(g) for g in data["guards"]],
+                    out_spec=data.get("out_spec"),
+                    constant_names=[str(n) for n in data["constant_names"]],
+                    input_paths=[str(p) for p in data.get("input_paths", [])],
+                ),
+                signature=dict(data.get("signature") or {}),
+                created=str(data.get("created", "")),
+                created_on=str(data.get("created_on", "")),
+                pack_version=str(data.get("pack_version", "")),
+                origin=str(data.get("origin", "")),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise ManifestError(f"manifest is missing or has a bad field: {error}") from error
+        if data.get("graph_id") != manifest.graph_id:
+            raise ManifestError("manifest's graph id does not match its key (edited by hand?)")
+        if "/" in manifest.package_file or "\\" in manifest.package_file or manifest.package_file.startswith("."):
+            raise ManifestError(f"manifest names an unsafe package file {manifest.package_file!r}")
+        return manifest
+
+    @classmethod
+    def read(cls, path: Path) -> "Manifest":
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ManifestError(f"cannot read {Path(path).name}: {error}") from error
+        return cls.from_json(data)
+
+    def summary(self) -> Dict[str, Any]:
+        family = self.key.family
+        return {
+            "graph_id": self.graph_id,
+            "architecture": family.architecture,
+            "structure": family.structure,
+            "dtype": family.dtype,
+            "device": family.device,
+            "backend": family.backend,
+            "torch_version": family.torch_version,
+            "shape_range": self.key.shape_range.to_json(),
+            "inputs": [t.get("path") for t in self.signature.get("tensors", [])],
+            "bytes": self.package_bytes,
+            "created": self.created,
+            "origin": self.origin,
+        }

@@ -1,0 +1,85 @@
+"""Small diffusion models built from configs with random weights.
+
+No weights can be downloaded, so the demo, the tests and the benchmarks build
+their models here: the same diffusers classes as real checkpoints, with
+configs scaled down (`tiny_*`) or real layouts (`sd15_unet`, `sdxl_unet`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def tiny_unet(seed: int = 0, cross_attention_dim: int = 32):
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(seed)
+    return UNet2DConditionModel(
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        cross_attention_dim=cross_attention_dim,
+        attention_head_dim=8,
+        sample_size=8,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        norm_num_groups=8,
+    ).eval()
+
+
+def tiny_vae(seed: int = 0, force_upcast: bool = True):
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(seed)
+    return AutoencoderKL(
+        block_out_channels=(32, 64),
+        norm_num_groups=8,
+        latent_channels=4,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        force_upcast=force_upcast,
+    ).eval()
+
+
+def sd15_unet(seed: int = 0):
+    """SD1.5's UNet layout (860M parameters): benchmarks only."""
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(seed)
+    return UNet2DConditionModel(
+        sample_size=64, cross_attention_dim=768, attention_head_dim=8,
+        block_out_channels=(320, 640, 1280, 1280), layers_per_block=2,
+    ).eval()
+
+
+def small_sd15_unet(seed: int = 0):
+    """SD1.5's block layout at a quarter of the width, for CPU benchmarks."""
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(seed)
+    return UNet2DConditionModel(
+        sample_size=64, cross_attention_dim=768, attention_head_dim=8,
+        block_out_channels=(64, 128, 256, 256), layers_per_block=1, norm_num_groups=32,
+    ).eval()
+
+
+def tiny_sd_pipeline(seed: int = 0, dtype: torch.dtype = torch.float32, vae_dtype: Optional[torch.dtype] = None):
+    """A StableDiffusionPipeline without text encoder: call it with prompt_embeds."""
+    from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline
+
+    unet = tiny_unet(seed).to(dtype)
+    vae = tiny_vae(seed + 1).to(vae_dtype or dtype)
+    pipe = StableDiffusionPipeline(
+        vae=vae, text_encoder=None, tokenizer=None, unet=unet,
+        scheduler=EulerDiscreteScheduler(), safety_checker=None, feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def prompt_embeds(batch: int = 1, length: int = 77, dim: int = 32, seed: int = 0,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, length, dim, generator=generator).to(dtype)
