@@ -93,6 +93,32 @@ def _graphs_trust(args) -> int:
     return 0
 
 
+def _graphs_export(args) -> int:
+    from .bundle import export_bundle
+
+    try:
+        path = export_bundle(GraphStore(args.dir), args.name, Path(args.to))
+    except (GraphRefused, ValueError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"exported {path}")
+    return 0
+
+
+def _graphs_import(args) -> int:
+    from .bundle import import_bundle
+    from .store import StoreError
+
+    try:
+        stored = import_bundle(GraphStore(args.dir), Path(args.bundle), trust=args.trust, expect_dtype=args.dtype)
+    except (GraphRefused, StoreError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    state = "trusted" if args.trust else f"NOT trusted yet: python -m compiler graphs trust {stored.manifest_path}"
+    print(f"imported {stored.name} ({state})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m compiler", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -118,6 +144,17 @@ def build_parser() -> argparse.ArgumentParser:
     trust = graph_commands.add_parser("trust", help="trust a graph built elsewhere (its .json)")
     trust.add_argument("file")
     trust.set_defaults(run=_graphs_trust)
+    export = graph_commands.add_parser("export", help="write one graph as a shareable bundle file")
+    export.add_argument("dir")
+    export.add_argument("name")
+    export.add_argument("to", help="bundle file or folder")
+    export.set_defaults(run=_graphs_export)
+    imp = graph_commands.add_parser("import", help="add a graph bundle to a graphs folder")
+    imp.add_argument("dir")
+    imp.add_argument("bundle")
+    imp.add_argument("--trust", action="store_true", help="also trust it (it is native code)")
+    imp.add_argument("--dtype", help="refuse a graph of another dtype")
+    imp.set_defaults(run=_graphs_import)
     return parser
 
 

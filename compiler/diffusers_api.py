@@ -187,8 +187,10 @@ def _save_target(pipe, target, compiled: CompiledForward, store: GraphStore, dty
         module.to(dtype)
     try:
         calls = example_calls(pipe, target, compiled.options.shape_range)
-        if any(r != "ready" for r in compiled.warmup(calls)):
-            report.problems.append(f"{target}: " + "; ".join(compiled.warmup(calls)))
+        with torch.no_grad():
+            results = compiled.warmup(calls)
+        if any(result != "ready" for result in results):
+            report.problems.append(f"{target}: " + "; ".join(results))
         saved = []
         for args, kwargs in calls:
             call = compiled.flatten(args, kwargs)

@@ -72,7 +72,7 @@ def tiny_sd_pipeline(seed: int = 0, dtype: torch.dtype = torch.float32, vae_dtyp
     vae = tiny_vae(seed + 1).to(vae_dtype or dtype)
     pipe = StableDiffusionPipeline(
         vae=vae, text_encoder=None, tokenizer=None, unet=unet,
-        scheduler=EulerDiscreteScheduler(), safety_checker=None, feature_extractor=None,
+        scheduler=EulerDiscreteScheduler(steps_offset=1), safety_checker=None, feature_extractor=None,
         requires_safety_checker=False,
     )
     pipe.set_progress_bar_config(disable=True)

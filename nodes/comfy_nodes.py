@@ -1,0 +1,223 @@
+"""The V3 node schemas. Imported only from the pack's comfy_entrypoint (needs ComfyUI)."""
+
+from __future__ import annotations
+
+from comfy_api.latest import ComfyExtension, io
+
+from ..compiler.comfy_adapter import parse_batch_sizes, parse_resolutions
+from . import operations, runtime
+from .operations import Report
+from .unet import Settings
+
+CATEGORY = "KeepFast"
+
+
+def _range_inputs():
+    return [
+        io.Int.Input("min_resolution", default=64, min=64, max=16384, step=8,
+                     tooltip="Smallest image side (pixels) the graphs serve."),
+        io.Int.Input("max_resolution", default=2048, min=64, max=16384, step=8,
+                     tooltip="Largest image side (pixels) the graphs serve; larger images run uncompiled."),
+        io.Int.Input("max_batch_size", default=4, min=1, max=64,
+                     tooltip="Most images per batch the graphs serve."),
+        io.Boolean.Input("compile", default=True,
+                         tooltip="Compile when no graph in memory or in models/graphs serves a call "
+                                 "(the first one takes a while); off: such calls run uncompiled."),
+    ]
+
+
+def _settings(min_resolution, max_resolution, max_batch_size, compile, autosave=False) -> Settings:
+    low, high = sorted((int(min_resolution), int(max_resolution)))
+    return Settings(min_size=low, max_size=high, max_batch=int(max_batch_size), compile_on_miss=bool(compile),
+                    autosave=bool(autosave))
+
+
+def _ui(text: str) -> dict:
+    return {"text": [text]}
+
+
+class KeepFastModelSpeedup(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="KeepFastModelSpeedup",
+            display_name="KeepFast Model Speedup",
+            category=CATEGORY,
+            description="Serve the diffusion model from compiled graphs: the first image compiles (or loads a "
+                        "stored graph); every resolution, batch size and prompt length in the range after that "
+                        "runs compiled. LoRA and ControlNet keep working; patches that need Python run "
+                        "uncompiled, with the reason shown.",
+            inputs=[io.Model.Input("model")] + _range_inputs() + [
+                io.Boolean.Input("save_compiled", default=False,
+                                 tooltip="Write each graph compiled here into models/graphs right away."),
+            ],
+            outputs=[io.Model.Output()],
+        )
+
+    @classmethod
+    def execute(cls, model, min_resolution, max_resolution, max_batch_size, compile, save_compiled):
+        runtime.setup()
+        report = Report("KeepFast Model Speedup")
+        out, _ = operations.model_speedup(
+            model, _settings(min_resolution, max_resolution, max_batch_size, compile, save_compiled), report)
+        return io.NodeOutput(out, ui=_ui(report.text()))
+
+
+class KeepFastVAESpeedup(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="KeepFastVAESpeedup",
+            display_name="KeepFast VAE Speedup",
+            category=CATEGORY,
+            description="Serve VAE decode and encode (tiled decode included) from compiled graphs. The input "
+                        "VAE is not changed.",
+            inputs=[io.Vae.Input("vae")] + _range_inputs(),
+            outputs=[io.Vae.Output()],
+        )
+
+    @classmethod
+    def execute(cls, vae, min_resolution, max_resolution, max_batch_size, compile):
+        runtime.setup()
+        report = Report("KeepFast VAE Speedup")
+        out, _ = operations.vae_speedup(vae, _settings(min_resolution, max_resolution, max_batch_size, compile), report)
+        return io.NodeOutput(out, ui=_ui(report.text()))
+
+
+class KeepFastSaveGraph(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="KeepFastSaveGraph",
+            display_name="KeepFast Save Graph",
+            category=CATEGORY,
+            description="Compile now (no image needed) and write the graphs of the model and/or VAE into "
+                        "models/graphs, listed under NAME for Load Graph. Graphs hold no weights.",
+            inputs=[
+                io.Model.Input("model", optional=True),
+                io.Vae.Input("vae", optional=True),
+                io.String.Input("name", default="keepfast", tooltip="The graph set's name in models/graphs."),
+            ],
+            outputs=[io.Model.Output(), io.Vae.Output(), io.String.Output(display_name="report")],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def execute(cls, name, model=None, vae=None):
+        runtime.setup()
+        report = Report(f"KeepFast Save Graph '{name}'")
+        if model is None and vae is None:
+            report.add("connect a MODEL and/or a VAE")
+        model_out, vae_out = operations.save(model, vae, name, report)
+        text = report.text()
+        return io.NodeOutput(model_out, vae_out, text, ui=_ui(text))
+
+
+class KeepFastLoadGraph(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="KeepFastLoadGraph",
+            display_name="KeepFast Load Graph",
+            category=CATEGORY,
+            description="Serve the model and/or VAE from graphs in models/graphs, loaded now: a graph set "
+                        "written by Save Graph, one graph, or every stored graph that fits. A graph of another "
+                        "architecture, dtype, torch version or device is refused with the reason; the workflow "
+                        "goes on (compiling, or uncompiled).",
+            inputs=[
+                io.Model.Input("model", optional=True),
+                io.Vae.Input("vae", optional=True),
+                io.Combo.Input("graph", options=operations.graph_choices(), default=operations.AUTO),
+                io.Boolean.Input("compile_if_missing", default=True,
+                                 tooltip="Compile calls no loaded graph serves; off: they run uncompiled."),
+                io.Boolean.Input("trust_graph", default=False,
+                                 tooltip="Add the chosen graphs to this machine's trust list (graphs are native "
+                                         "code; ones built elsewhere load only when trusted)."),
+            ],
+            outputs=[io.Model.Output(), io.Vae.Output(), io.String.Output(display_name="report")],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def execute(cls, graph, compile_if_missing, trust_graph, model=None, vae=None):
+        runtime.setup()
+        report = Report(f"KeepFast Load Graph '{graph}'")
+        model_out, vae_out = operations.load(model, vae, graph, compile_if_missing, trust_graph, report)
+        text = report.text()
+        return io.NodeOutput(model_out, vae_out, text, ui=_ui(text))
+
+
+class KeepFastWarmupGraphs(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="KeepFastWarmupGraphs",
+            display_name="KeepFast Warmup Graphs",
+            category=CATEGORY,
+            description="Make sure graphs serve these resolutions and batch sizes before the first image "
+                        "(compiling or loading now), so no image waits for a compile.",
+            inputs=[
+                io.Model.Input("model", optional=True),
+                io.Vae.Input("vae", optional=True),
+                io.String.Input("resolutions", default="512x512, 768x768",
+                                tooltip="WIDTHxHEIGHT, comma-separated."),
+                io.String.Input("batch_sizes", default="1", tooltip="Images per batch, comma-separated."),
+            ],
+            outputs=[io.Model.Output(), io.Vae.Output(), io.String.Output(display_name="report")],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def validate_inputs(cls, resolutions, batch_sizes, **kwargs):
+        try:
+            if not parse_resolutions(resolutions):
+                return "give at least one resolution, e.g. 512x512"
+            if not parse_batch_sizes(batch_sizes):
+                return "give at least one batch size, e.g. 1"
+        except ValueError as error:
+            return str(error)
+        return True
+
+    @classmethod
+    def execute(cls, resolutions, batch_sizes, model=None, vae=None):
+        runtime.setup()
+        sizes, batches = parse_resolutions(resolutions), parse_batch_sizes(batch_sizes)
+        report = Report("KeepFast Warmup Graphs")
+        model_out, vae_out = operations.warm(model, vae, sizes, batches, report)
+        text = report.text()
+        return io.NodeOutput(model_out, vae_out, text, ui=_ui(text))
+
+
+class KeepFastGraphStats(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="KeepFastGraphStats",
+            display_name="KeepFast Graph Stats",
+            category=CATEGORY,
+            description="What KeepFast did in this ComfyUI process: graphs in memory, hits, compiles and loads "
+                        "with their reasons and times, calls that ran uncompiled and why. Connect anything to "
+                        "'after' to read the stats once that has run.",
+            inputs=[io.AnyType.Input("after", optional=True)],
+            outputs=[io.String.Output(display_name="stats")],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def fingerprint_inputs(cls, **kwargs):
+        return float("nan")  # always run: the stats change without the inputs changing
+
+    @classmethod
+    def execute(cls, after=None):
+        runtime.setup()
+        text = operations.stats_text()
+        return io.NodeOutput(text, ui=_ui(text))
+
+
+NODES = [KeepFastModelSpeedup, KeepFastVAESpeedup, KeepFastSaveGraph, KeepFastLoadGraph, KeepFastWarmupGraphs,
+         KeepFastGraphStats]
+
+
+class KeepFastExtension(ComfyExtension):
+    async def get_node_list(self):
+        return list(NODES)

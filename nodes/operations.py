@@ -1,0 +1,386 @@
+"""What the nodes do, apart from their schemas: speed up, save, load, warm up, report."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, List, Optional, Tuple
+
+from ..compiler import GraphRefused, StoreError
+from ..compiler.comfy_adapter import (
+    ComfyForward, GraphSetError, MultiRootStore, clamp, graph_set_entries, is_graph_set, read_json,
+    set_file_name, write_graph_set,
+)
+from ..compiler.manifest import MANIFEST_SUFFIX
+from ..compiler.registry import LOAD, REFUSED
+from ..compiler.store import GraphStore, StoredGraph
+from . import runtime, unet, vae as vae_side
+from .unet import Settings
+
+AUTO = "(every stored graph that fits)"
+DEFAULT_SIZE = 512
+
+
+class Report:
+    """Lines a node shows and logs; starts a clock to collect registry messages."""
+
+    def __init__(self, title: str):
+        self.title = title
+        self.lines: List[str] = []
+        self.started = time.time()
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+
+    def text(self) -> str:
+        events = runtime.describe(runtime.messages_since(self.started))
+        body = self.lines + ([""] + ["during this node:"] + events if events else [])
+        return "\n".join([self.title] + ["- " + line if line else "" for line in body])
+
+
+def graph_choices() -> List[str]:
+    """AUTO, then graph sets and manifests in the graphs folders (names as folder_paths lists them)."""
+    import folder_paths
+
+    try:
+        runtime.register_graphs_folder()
+        names = folder_paths.get_filename_list(runtime.FOLDER)
+    except Exception:
+        names = []
+    return [AUTO] + sorted(n for n in names if n.endswith(MANIFEST_SUFFIX))
+
+
+# -- speeding up -------------------------------------------------------------------
+
+def model_speedup(model, settings: Settings, report: Report):
+    reason = runtime.compile_unavailable()
+    if reason:
+        report.add(f"compiling is unavailable here ({reason}); the model passes through unchanged")
+        runtime.note("fallback", f"Model Speedup: {reason}; the model runs uncompiled")
+        return model, None
+    faster, runner = unet.speed_up(model, settings)
+    module = faster.get_model_object("diffusion_model")
+    forward = runner.forward_for(module)
+    r = settings.unet_range()
+    report.add(f"{forward.label}: served by graphs for images {settings.min_size}-{settings.max_size} px, "
+               f"batch up to {settings.max_batch} (cond+uncond up to {r.batch[1]}), prompts up to "
+               f"{r.sequence[1]} tokens")
+    report.add(_stored_summary(forward))
+    if not settings.compile_on_miss:
+        report.add("compiling is off: calls no stored graph serves run uncompiled")
+    return faster, runner
+
+
+def vae_speedup(vae, settings: Settings, report: Report):
+    reason = runtime.compile_unavailable()
+    if reason:
+        report.add(f"compiling is unavailable here ({reason}); the VAE passes through unchanged")
+        runtime.note("fallback", f"VAE Speedup: {reason}; the VAE runs uncompiled")
+        return vae, None
+    try:
+        faster, runner = vae_side.speed_up(vae, settings)
+    except ValueError as error:
+        report.add(f"{error}; the VAE passes through unchanged")
+        return vae, None
+    report.add(f"VAE {type(runner.module).__name__} ({runner.dtype}): decode and encode served by graphs for "
+               f"images {settings.min_size}-{settings.max_size} px, batch up to {settings.max_batch}")
+    report.add(_stored_summary(runner.forwards["decode"]))
+    return faster, runner
+
+
+def _stored_summary(forward: ComfyForward) -> str:
+    structure = forward.structure()
+    try:
+        entries = runtime.store().all_graphs()
+    except OSError as error:
+        return f"graphs folder unreadable: {error}"
+    fitting = [s for _, _, s, _ in entries if s is not None and s.manifest.key.family.structure == structure]
+    broken = [p for _, p, s, _ in entries if s is None]
+    in_memory = [g for g in runtime.registry().graphs() if g.key.family.structure == structure]
+    line = (f"{len(in_memory)} graphs in memory and {len(fitting)} stored graphs for this model structure "
+            f"[{structure[:12]}] (stored ones load on first use)")
+    if broken:
+        line += f"; {len(broken)} unreadable files in the graphs folder are ignored"
+    return line
+
+
+def _ensure_model(model, sizes, batches):
+    runner = unet.runner_of(model)
+    base = runner.settings if runner is not None else Settings()
+    wanted = base.widened(sizes, batches)
+    if runner is not None and wanted == runner.settings:
+        return model, runner
+    return unet.speed_up(model, wanted)
+
+
+def _ensure_vae(vae, sizes, batches):
+    runner = vae_side.runner_of(vae)
+    base = runner.settings if runner is not None else Settings()
+    wanted = base.widened(sizes, batches)
+    if runner is not None and wanted == runner.settings:
+        return vae, runner
+    return vae_side.speed_up(vae, wanted)
+
+
+# -- ahead of time ------------------------------------------------------------------
+
+def _progress_bar(total: int):
+    try:
+        import comfy.utils
+
+        return comfy.utils.ProgressBar(max(1, total))
+    except Exception:
+        return None
+
+
+def warm(model, vae, sizes: List[Tuple[int, int]], batches: List[int], report: Report):
+    """Make sure graphs serve each size and batch; returns the (sped-up) model and VAE."""
+    unavailable = runtime.compile_unavailable()
+    if unavailable:
+        report.add(f"compiling is unavailable here ({unavailable}); nothing was compiled")
+        return model, vae
+    model_out, vae_out = model, vae
+    jobs: List[Tuple[str, ComfyForward, list]] = []
+    if model is not None:
+        model_out, runner = _ensure_model(model, sizes, batches)
+        calls, why = runner.example_calls(model_out, sizes, batches)
+        if why:
+            report.add(why)
+        if calls:
+            unet.load_to_device(model_out)
+            forward = runner.forward_for(model_out.get_model_object("diffusion_model"))
+            jobs.append(("model", forward, calls))
+    if vae is not None:
+        try:
+            vae_out, vrunner = _ensure_vae(vae, sizes, batches)
+        except ValueError as error:
+            report.add(f"VAE: {error}")
+        else:
+            vae_side.load_to_device(vae_out)
+            for op in vae_side.OPS:
+                calls = vrunner.example_calls(op, sizes, batches)
+                if calls:
+                    jobs.append((f"VAE {op}", vrunner.forwards[op], calls))
+    bar = _progress_bar(sum(len(calls) for _, _, calls in jobs))
+    shapes = [f"{w}x{h} batch {b}" for w, h in sizes for b in batches]
+    for what, forward, calls in jobs:
+        for shape, call in zip(shapes, calls):
+            started = time.perf_counter()
+            result = forward.warmup([call])[0]
+            report.add(f"{what} {shape}: {result} ({time.perf_counter() - started:.1f} s)")
+            if bar is not None:
+                bar.update(1)
+    return model_out, vae_out
+
+
+def save(model, vae, name: str, report: Report):
+    """Compile (if needed) and write every graph of the model and VAE, plus the set `<name>.json`."""
+    unavailable = runtime.compile_unavailable()
+    if unavailable:
+        report.add(f"compiling is unavailable here ({unavailable}); nothing was saved")
+        return model, vae
+    store = runtime.store()
+    saved: List[str] = []
+    model_out, vae_out = model, vae
+    if model is not None:
+        model_out, runner = _ensure_model(model, [], [])
+        s = runner.settings
+        side = clamp(DEFAULT_SIZE, (s.min_size, s.max_size))
+        calls, why = runner.example_calls(model_out, [(side, side)], [1])
+        unet.load_to_device(model_out)
+        forward = runner.forward_for(model_out.get_model_object("diffusion_model"))
+        if why:
+            report.add(why + "; saving the graphs already compiled for it")
+        saved += _save_forward("model", forward, calls, store, report)
+    if vae is not None:
+        try:
+            vae_out, vrunner = _ensure_vae(vae, [], [])
+        except ValueError as error:
+            report.add(f"VAE: {error}")
+        else:
+            vae_side.load_to_device(vae_out)
+            s = vrunner.settings
+            side = clamp(DEFAULT_SIZE, (s.min_size, s.max_size))
+            for op in vae_side.OPS:
+                calls = vrunner.example_calls(op, [(side, side)], [1])
+                saved += _save_forward(f"VAE {op}", vrunner.forwards[op], calls, store, report, same_structure=False)
+    if saved:
+        try:
+            path = write_graph_set(store.root, name, saved, note="written by KeepFast Save Graph")
+            report.add(f"graph set {path.name} in {store.root} lists {len(saved)} graphs: load it with Load Graph")
+        except OSError as error:
+            report.add(f"could not write the graph set {set_file_name(name)}: {error}")
+    else:
+        report.add("no graph was saved")
+    return model_out, vae_out
+
+
+def _save_forward(what: str, forward: ComfyForward, calls, store: MultiRootStore, report: Report,
+                  same_structure: bool = True) -> List[str]:
+    families = {}
+    for args, kwargs in calls:
+        result = forward.warmup([(args, kwargs)])[0]
+        call = forward.flatten(args, kwargs)
+        families[forward.family_for(call).id] = call.signature.to_json()
+        if result != "ready":
+            report.add(f"{what}: {result}")
+    structure = forward.structure()
+    names = []
+    for graph in runtime.registry().graphs():
+        family = graph.key.family
+        if family.structure != structure:
+            continue
+        if not same_structure and family.id not in families:
+            continue  # VAE decode and encode share a structure: each saves its own families
+        if not graph.persistent:
+            report.add(f"{what}: the {family.backend} backend's graphs cannot be saved")
+            continue
+        try:
+            stored = store.save(graph, families.get(family.id, {}))
+        except StoreError as error:
+            report.add(f"{what}: {error}")
+            continue
+        names.append(stored.name)
+        report.add(f"{what}: saved {stored.name} ({graph.nbytes / 1e6:.1f} MB, range "
+                   f"{graph.key.shape_range.describe()})")
+    return names
+
+
+# -- loading --------------------------------------------------------------------------
+
+def load(model, vae, choice: str, compile_on_miss: bool, trust: bool, report: Report):
+    """Serve the model and VAE from stored graphs, loaded now; refusals are reported, never raised."""
+    unavailable = runtime.compile_unavailable()
+    if unavailable:
+        report.add(f"graphs cannot run here ({unavailable}); the model and VAE pass through unchanged")
+        return model, vae
+    settings = Settings(compile_on_miss=compile_on_miss)
+    targets = []
+    model_out, vae_out = model, vae
+    if model is not None:
+        runner = unet.runner_of(model)
+        model_out, runner = unet.speed_up(model, Settings(**{**_settings_dict(runner), "compile_on_miss": compile_on_miss})
+                                          if runner else settings)
+        module = model_out.get_model_object("diffusion_model")
+        forward = runner.forward_for(module)
+        targets.append(("model", type(module).__name__, forward.structure(),
+                        lambda signature, m=model_out: unet.family_here(m, signature)))
+    if vae is not None:
+        try:
+            vae_out, vrunner = vae_side.speed_up(vae, Settings(compile_on_miss=compile_on_miss))
+        except ValueError as error:
+            report.add(f"VAE: {error}")
+        else:
+            targets.append(("VAE", type(vrunner.module).__name__, vrunner.forwards["decode"].structure(),
+                            vrunner.family_here))
+    if not targets:
+        report.add("connect a MODEL and/or a VAE to load graphs for")
+        return model_out, vae_out
+    store = runtime.store()
+    for where, name, problem in _chosen(store, choice, targets, report):
+        if problem:
+            _refuse(f"{name}: {problem}", report)
+            continue
+        _load_one(where, name, targets, trust, report)
+    return model_out, vae_out
+
+
+def _settings_dict(runner) -> dict:
+    s = runner.settings
+    return dict(min_size=s.min_size, max_size=s.max_size, max_batch=s.max_batch, compile_on_miss=s.compile_on_miss,
+                autosave=s.autosave, cover_range=s.cover_range)
+
+
+def _chosen(store: MultiRootStore, choice: str, targets, report: Report) -> Iterable[Tuple[GraphStore, str, Optional[str]]]:
+    """(store, graph name, problem) for each graph the choice names."""
+    if choice == AUTO or not choice:
+        structures = {structure for _, _, structure, _ in targets}
+        matched = 0
+        for where, path, stored, problem in store.all_graphs():
+            name = f"{path.parent.name}/{path.stem}"
+            if stored is None:
+                report.add(f"ignored {name}: {problem}")
+                continue
+            if stored.manifest.key.family.structure in structures:
+                matched += 1
+                yield where, name, None
+        if not matched:
+            report.add("no stored graph fits this model or VAE")
+        return
+    import folder_paths
+
+    full = folder_paths.get_full_path(runtime.FOLDER, choice)
+    if full is None:
+        yield store, choice, f"not found in the graphs folders ({', '.join(map(str, store.roots))})"
+        return
+    try:
+        where, relative = store.store_for(Path(full))
+    except ValueError as error:
+        yield store, choice, str(error)
+        return
+    if "/" not in relative:  # a file at the top of a graphs folder: a graph set
+        try:
+            entries = graph_set_entries(read_json(full), choice)
+        except GraphSetError as error:
+            yield where, choice, f"{error} (graph sets are written by Save Graph; graphs are FOLDER/GRAPH.json)"
+            return
+        report.add(f"graph set {choice}: {len(entries)} graphs")
+        for entry in entries:
+            yield where, entry, None
+        return
+    yield where, relative, None
+
+
+def _refuse(text: str, report: Report, family: Any = "-") -> None:
+    runtime.registry().record(REFUSED, family, f"Load Graph: {text}")
+    report.add(f"refused {text}")
+
+
+def _load_one(where: GraphStore, name: str, targets, trust: bool, report: Report) -> None:
+    try:
+        stored = where.get(name)
+    except (GraphRefused, ValueError, OSError) as error:
+        _refuse(f"{name}: {error}", report)
+        return
+    family = stored.manifest.key.family
+    target = next((t for t in targets if t[1] == family.architecture), targets[0])
+    what, _, structure, family_here = target
+    here = family_here(family.signature)
+    if any(g.key.id == stored.manifest.graph_id for g in runtime.registry().graphs()):
+        report.add(f"{what}: {stored.name} is already in memory")
+        return
+    if trust and not where.trust.is_trusted(stored.manifest.package_sha256) and not where.problems(stored):
+        where.trust.add(stored.manifest.package_sha256, f"trusted in the Load Graph node ({stored.manifest_path})")
+        report.add(f"{stored.name} added to the trust list ({where.trust.path})")
+    started = time.perf_counter()
+    try:
+        graph = where.load(stored, here)
+    except GraphRefused as error:
+        _refuse(f"{what}: {error}", report, family)
+        return
+    except Exception as error:  # a backend that cannot load here
+        _refuse(f"{what}: graph {stored.name} cannot be loaded here: {type(error).__name__}: {error}", report, family)
+        return
+    registry = runtime.registry()
+    registry.add(graph)
+    registry.record(LOAD, family, f"{what}: loaded {stored.name} from {where.root}",
+                    seconds=time.perf_counter() - started, graph_id=graph.key.id)
+    report.add(f"{what}: loaded {stored.name} (range {graph.key.shape_range.describe()})")
+
+
+# -- reporting ---------------------------------------------------------------------------
+
+def stats_text() -> str:
+    import json
+
+    data = runtime.stats()
+    recent = [m for m in data["messages"] if m.get("kind") != "progress"][-20:]
+    lines = [f"{k}: {v}" for k, v in data["counts"].items()]
+    lines.append(f"graphs folders: {', '.join(data['graphs_folders'])}")
+    if data["compile_unavailable"]:
+        lines.append(f"compiling unavailable: {data['compile_unavailable']}")
+    lines.append("graphs in memory:")
+    lines += [f"  {g['graph_id']} {g['family']} ({g['origin']}, {g['bytes'] / 1e6:.1f} MB)" for g in data["graphs"]]
+    lines.append("recent events:")
+    lines += [f"  {m['kind']}: {m['reason']}" for m in recent]
+    return "\n".join(lines) + "\n\n" + json.dumps(data["counts"])

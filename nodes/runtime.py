@@ -1,0 +1,205 @@
+"""Process-wide state of the ComfyUI nodes: graphs folder, store, registry, messages.
+
+ComfyUI clones node classes per run, so everything that must outlive one run
+lives here. Nothing happens at import: `setup()` runs from the pack's
+`comfy_entrypoint` (and again, harmlessly, from any node that needs it).
+ComfyUI modules are imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from typing import Any, Deque, Dict, List, Optional
+
+from ..compiler import DEFAULT_BACKEND, GraphRegistry, TrustList, default_registry, unavailable_reason
+from ..compiler.comfy_adapter import MultiRootStore
+from ..compiler.manifest import MANIFEST_SUFFIX
+from ..compiler.registry import COMPILE, EVICT, FALLBACK, LOAD, PROGRESS, REFUSED, Event
+
+log = logging.getLogger("keepfast")
+
+FOLDER = "graphs"
+EVENT_NAME = "keepfast.event"
+STATS_ROUTE = "/keepfast/stats"
+BACKEND = DEFAULT_BACKEND
+
+_lock = threading.RLock()
+_state: Dict[str, Any] = {"setup": False, "route": False, "listener": False}
+_counts: Dict[str, int] = collections.defaultdict(int)
+_messages: Deque[dict] = collections.deque(maxlen=300)
+_bars: Dict[str, Any] = {}
+
+
+def registry() -> GraphRegistry:
+    return default_registry()
+
+
+# -- setup ---------------------------------------------------------------------
+
+def setup() -> None:
+    """Register the graphs folder, the event listener and the stats route (idempotent)."""
+    with _lock:
+        register_graphs_folder()
+        if not _state["listener"]:
+            registry().add_listener(_on_event)
+            _state["listener"] = True
+        if not _state["route"]:
+            _state["route"] = _register_route()
+        _state["setup"] = True
+
+
+def register_graphs_folder() -> List[str]:
+    """`models/graphs` in folder_paths, listing manifest files only; keeps user-given paths."""
+    import folder_paths
+
+    default = os.path.join(folder_paths.models_dir, FOLDER)
+    if FOLDER not in folder_paths.folder_names_and_paths:
+        folder_paths.add_model_folder_path(FOLDER, default, is_default=True)
+    else:
+        folder_paths.add_model_folder_path(FOLDER, default)  # appended after paths a user gave
+    paths, _extensions = folder_paths.folder_names_and_paths[FOLDER]
+    folder_paths.folder_names_and_paths[FOLDER] = (paths, {MANIFEST_SUFFIX})
+    return list(paths)
+
+
+def graphs_folders() -> List[str]:
+    import folder_paths
+
+    if FOLDER not in folder_paths.folder_names_and_paths:
+        register_graphs_folder()
+    return folder_paths.get_folder_paths(FOLDER)
+
+
+def store() -> MultiRootStore:
+    return MultiRootStore(graphs_folders(), TrustList())
+
+
+def compile_unavailable() -> Optional[str]:
+    return unavailable_reason(BACKEND)
+
+
+# -- messages ------------------------------------------------------------------
+
+def _server():
+    try:
+        from server import PromptServer
+    except Exception:
+        return None
+    return getattr(PromptServer, "instance", None)
+
+
+def send(event: str, data: dict) -> None:
+    server = _server()
+    if server is None:
+        return
+    try:
+        server.send_sync(event, data, getattr(server, "client_id", None))
+    except Exception:  # the page is a nicety; a run must never fail on it
+        pass
+
+
+def note(kind: str, text: str, **fields) -> dict:
+    """A message for the log, the page and the stats (no registry event)."""
+    entry = {"kind": kind, "reason": text, "at": time.time(), **fields}
+    with _lock:
+        _messages.append(entry)
+        _counts["note." + kind] += 1
+    (log.warning if kind in ("refused", "error") else log.info)("[KeepFast] %s", text)
+    send(EVENT_NAME, entry)
+    return entry
+
+
+def _on_event(event: Event) -> None:
+    if event.kind == PROGRESS:
+        _progress(event)
+        return
+    data = event.to_json()
+    with _lock:
+        _counts[event.kind] += 1
+        _messages.append(data)
+    if event.kind == COMPILE:
+        log.info("[KeepFast] compiled in %.1f s: %s", event.seconds, event.reason)
+        _bars.pop(event.family, None)
+    elif event.kind == LOAD:
+        log.info("[KeepFast] %s (%.2f s)", event.reason, event.seconds)
+    elif event.kind in (REFUSED, EVICT):
+        log.warning("[KeepFast] %s: %s", event.kind, event.reason)
+    elif event.kind == FALLBACK:
+        log.info("[KeepFast] %s", event.reason)
+    send(EVENT_NAME, data)
+
+
+def _progress(event: Event) -> None:
+    fraction = float(event.detail.get("fraction", 0.0) or 0.0)
+    send(EVENT_NAME, {"kind": PROGRESS, "reason": event.reason, "fraction": fraction, "family": event.family})
+    try:
+        import comfy.utils
+
+        bar = _bars.get(event.family)
+        if bar is None:
+            bar = _bars[event.family] = comfy.utils.ProgressBar(100)
+        bar.update_absolute(int(round(100 * min(max(fraction, 0.0), 1.0))))
+    except Exception:
+        pass
+
+
+def count(name: str, amount: int = 1) -> None:
+    with _lock:
+        _counts[name] += amount
+
+
+def messages_since(mark: float) -> List[dict]:
+    with _lock:
+        return [m for m in _messages if m.get("at", 0) >= mark]
+
+
+def describe(messages: List[dict]) -> List[str]:
+    return [f"{m['kind']}: {m['reason']}" + (f" ({m['seconds']:.1f} s)" if m.get("seconds") else "")
+            for m in messages if m.get("kind") != PROGRESS]
+
+
+def stats() -> dict:
+    reg = registry()
+    with _lock:
+        counts = dict(_counts)
+        messages = list(_messages)
+    summary = reg.stats()
+    return {
+        "counts": {
+            "compiles": counts.get(COMPILE, 0),
+            "loads": counts.get(LOAD, 0),
+            "fallbacks": counts.get(FALLBACK, 0),
+            "refused": counts.get(REFUSED, 0),
+            "evicted": counts.get(EVICT, 0),
+            "hits": summary["hits"],
+            "graphs": len(summary["graphs"]),
+            "unet_graph_calls": counts.get("unet.graph", 0),
+            "unet_eager_calls": counts.get("unet.eager", 0),
+            "vae_graph_calls": counts.get("vae.graph", 0),
+            "vae_eager_calls": counts.get("vae.eager", 0),
+        },
+        "graphs": summary["graphs"],
+        "messages": messages[-100:],
+        "graphs_folders": graphs_folders() if _state["setup"] else [],
+        "compile_unavailable": compile_unavailable(),
+    }
+
+
+def _register_route() -> bool:
+    server = _server()
+    if server is None or not hasattr(server, "routes"):
+        return False
+    try:
+        from aiohttp import web
+
+        @server.routes.get(STATS_ROUTE)
+        async def keepfast_stats(request):  # noqa: ARG001 (aiohttp handler signature)
+            return web.json_response(stats())
+    except Exception as error:  # a route is a nicety; loading the nodes must not fail on it
+        log.warning("[KeepFast] stats route not registered: %s", error)
+        return False
+    return True

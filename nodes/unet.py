@@ -1,0 +1,203 @@
+"""The diffusion model side: a DIFFUSION_MODEL wrapper that serves calls from graphs.
+
+The speedup node clones the MODEL and adds two wrappers under the key
+`keepfast`; the shared UNet module is never changed. At sampling time the
+DIFFUSION_MODEL wrapper binds the call (x, timesteps, context, y, control,
+...) to the model's `_forward` parameters, splits off `transformer_options`
+(which a graph cannot take) and runs the call through a ComfyForward: a graph
+when one serves it, else a compile, else eager with the reason recorded.
+`transformer_options` carrying patches (IPAdapter, FreeU, attention
+replacements) always runs eagerly, with that reason. Wrappers inside ours
+(other packs') still run: the graph takes the place of the model's own
+forward at the end of their chain.
+
+An APPLY_MODEL wrapper notices a model type whose forward has no
+DIFFUSION_MODEL hook and says so instead of silently running uncompiled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ..compiler import CompileOptions
+from ..compiler.comfy_adapter import (
+    ComfyForward, bind_call, clamp, forward_signature, latent_range, options_reason, unet_example_call,
+)
+from ..compiler.environment import device_kind, dtype_name, torch_version
+from ..compiler.keys import FamilyKey
+from ..compiler.structure import architecture_name, module_dtype
+from . import runtime
+
+KEY = "keepfast"
+RUNNER_OPTION = "keepfast_runner"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a user chose on a node; turned into CompileOptions per module."""
+
+    min_size: int = 256
+    max_size: int = 2048
+    max_batch: int = 4
+    compile_on_miss: bool = True
+    autosave: bool = False
+    cover_range: bool = True
+
+    def unet_range(self):
+        return latent_range(self.min_size, self.max_size, self.max_batch)
+
+    def widened(self, sizes: List[Tuple[int, int]], batches: List[int]) -> "Settings":
+        values = [v for size in sizes for v in size]
+        return Settings(
+            min_size=min([self.min_size] + values), max_size=max([self.max_size] + values),
+            max_batch=max([self.max_batch] + batches), compile_on_miss=self.compile_on_miss,
+            autosave=self.autosave, cover_range=self.cover_range,
+        )
+
+
+def _forward_fn(module, **kwargs):
+    """What a graph computes: the model's own forward with empty transformer_options."""
+    return module._forward(transformer_options={}, **kwargs)
+
+
+class UnetRunner:
+    """The wrappers' state: one ComfyForward per diffusion model module."""
+
+    def __init__(self, settings: Settings, base_model):
+        self.settings = settings
+        self.base_model = base_model
+        self._forwards: Dict[int, ComfyForward] = {}
+        self._hook_seen = False
+        self._no_hook_reported = False
+
+    # -- the compiled forward ------------------------------------------------
+    def options(self) -> CompileOptions:
+        s = self.settings
+        return CompileOptions(
+            backend=runtime.BACKEND, shape_range=s.unet_range(), compile_on_miss=s.compile_on_miss,
+            store=runtime.store(), autosave=s.autosave, cover_range=s.cover_range,
+        )
+
+    def forward_for(self, module: torch.nn.Module) -> ComfyForward:
+        forward = self._forwards.get(id(module))
+        if forward is None or forward.module is not module:
+            label = f"{type(self.base_model).__name__} {architecture_name(module)}"
+            forward = ComfyForward(module, self.options().with_(label=label), runtime.registry(),
+                                   forward_fn=_forward_fn)
+            self._forwards[id(module)] = forward
+        return forward
+
+    # -- wrappers -------------------------------------------------------------
+    def apply_model_wrapper(self, executor, *args, **kwargs):
+        self._hook_seen = False
+        output = executor(*args, **kwargs)
+        if not self._hook_seen and not self._no_hook_reported:
+            self._no_hook_reported = True
+            model = getattr(executor.class_obj, "diffusion_model", None)
+            runtime.note("fallback", f"{type(model).__name__} has no diffusion-model wrapper hook in this "
+                                     "ComfyUI; it runs uncompiled")
+        return output
+
+    def diffusion_model_wrapper(self, executor, *args, **kwargs):
+        self._hook_seen = True
+        module = executor.class_obj
+        if executor.idx + 1 < len(executor.wrappers):
+            # Wrappers of other packs inside ours run first; we take the model's place at their end.
+            from comfy.patcher_extension import WrapperExecutor
+
+            def last(*a, **k):
+                return self.run(module, executor.original, a, k)
+
+            return WrapperExecutor.new_class_executor(last, module, executor.wrappers, executor.idx + 1).execute(
+                *args, **kwargs)
+        return self.run(module, executor.original, args, kwargs)
+
+    def run(self, module, original, args: tuple, kwargs: dict):
+        forward = self.forward_for(module)
+
+        def eager():
+            return original(*args, **kwargs)
+
+        reason = self._eager_reason()
+        canonical = None
+        if reason is None:
+            try:
+                canonical, options = bind_call(forward_signature(original), args, kwargs)
+            except TypeError as error:
+                reason = f"the call does not fit {type(module).__name__}'s forward ({error})"
+            else:
+                reason = options_reason(options)
+        if reason is not None:
+            output = forward.run_eager(reason, eager)
+        else:
+            output = forward.call(eager, **canonical)
+        runtime.count("unet.eager" if forward.ran_eager else "unet.graph")
+        return output
+
+    def _eager_reason(self) -> Optional[str]:
+        base = self.base_model
+        if getattr(base, "model_lowvram", False) or getattr(base, "lowvram_patch_counter", 0):
+            return "the model is only partly loaded (low-VRAM mode patches weights on the fly)"
+        return None
+
+    # -- ahead of time ------------------------------------------------------------
+    def example_calls(self, model, sizes: List[Tuple[int, int]], batches: List[int],
+                      sequence: int = 77) -> Tuple[List[Tuple[tuple, dict]], Optional[str]]:
+        """Calls shaped as the sampler makes them (cond and uncond batched), or why there are none."""
+        base = model.model
+        unet = model.get_model_object("diffusion_model")
+        config = getattr(getattr(base, "model_config", None), "unet_config", None) or {}
+        if type(unet).__name__ != "UNetModel" or "in_channels" not in config:
+            return [], (f"graphs for {type(unet).__name__} are made from the first image, not ahead of time "
+                        "(only SD-style UNets have example inputs here)")
+        dtype = base.manual_cast_dtype or base.get_dtype()
+        device = model.load_device
+        shape_range = self.settings.unet_range()
+        calls = []
+        for width, height in sizes:
+            for batch in batches:
+                calls.append(unet_example_call(
+                    config["in_channels"], config.get("context_dim"), config.get("adm_in_channels"),
+                    clamp(2 * batch, shape_range.batch), max(1, height // 8), max(1, width // 8),
+                    clamp(sequence, shape_range.sequence), dtype, device))
+        return calls, None
+
+
+def runner_of(model) -> Optional[UnetRunner]:
+    runner = model.model_options.get(RUNNER_OPTION)
+    return runner if isinstance(runner, UnetRunner) else None
+
+
+def speed_up(model, settings: Settings):
+    """A clone of `model` whose diffusion model calls go through graphs."""
+    from comfy.patcher_extension import WrappersMP
+
+    clone = model.clone()
+    clone.remove_wrappers_with_key(WrappersMP.APPLY_MODEL, KEY)
+    clone.remove_wrappers_with_key(WrappersMP.DIFFUSION_MODEL, KEY)
+    runner = UnetRunner(settings, clone.model)
+    clone.add_wrapper_with_key(WrappersMP.APPLY_MODEL, KEY, runner.apply_model_wrapper)
+    clone.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, KEY, runner.diffusion_model_wrapper)
+    clone.model_options[RUNNER_OPTION] = runner
+    return clone, runner
+
+
+def family_here(model, signature: str) -> FamilyKey:
+    """The key a graph needs to serve this model (signature from the graph)."""
+    unet = model.get_model_object("diffusion_model")
+    runner = runner_of(model) or UnetRunner(Settings(), model.model)
+    return FamilyKey(
+        architecture=architecture_name(unet), structure=runner.forward_for(unet).structure(),
+        signature=signature, dtype=dtype_name(module_dtype(unet)), device=device_kind(model.load_device),
+        backend=runtime.BACKEND, torch_version=torch_version(),
+    )
+
+
+def load_to_device(model) -> None:
+    """Weights (with their LoRA patches) where sampling will use them, so graphs bind them."""
+    import comfy.model_management
+
+    comfy.model_management.load_models_gpu([model])

@@ -1,0 +1,159 @@
+"""The VAE side: a copy of the VAE whose decode and encode are served by graphs.
+
+comfy.sd.VAE has no clone() and no wrapper hooks, and every decode path
+(batched, tiled on out-of-memory, VAEDecodeTiled) calls
+`vae.first_stage_model.decode(latent)` and every encode path
+`first_stage_model.encode(pixels)`. So the node returns a shallow copy of the
+VAE object holding a shallow copy of `first_stage_model` (the same
+submodules and weights, loaded and offloaded by the same patcher) whose
+`decode` and `encode` go through ComfyForwards. The input VAE is untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ..compiler import CompileOptions, ShapeRange
+from ..compiler.comfy_adapter import ComfyForward, clamp
+from ..compiler.environment import device_kind, dtype_name, torch_version
+from ..compiler.keys import FamilyKey
+from ..compiler.structure import architecture_name, module_dtype
+from . import runtime
+from .unet import Settings
+
+RUNNER_ATTRIBUTE = "_keepfast_runner"
+OPS = ("decode", "encode")
+
+
+def _vae_forward(module, op, sample):
+    """What a graph computes: the autoencoder's own decode or encode of one tensor."""
+    if op == "decode":
+        return type(module).decode(module, sample)
+    return type(module).encode(module, sample)
+
+
+class VaeRunner:
+    def __init__(self, vae, settings: Settings):
+        self.settings = settings
+        self.module: torch.nn.Module = vae.first_stage_model
+        self.scale = _spatial_scale(vae)
+        self.latent_channels = int(getattr(vae, "latent_channels", 4))
+        self.image_channels = int(getattr(vae, "output_channels", 3))
+        self.dtype = vae.vae_dtype
+        self.device = vae.device
+        self.latent_dim = getattr(vae, "latent_dim", 2)
+        self.forwards: Dict[str, ComfyForward] = {
+            op: ComfyForward(self.module, self.options(op), runtime.registry(), forward_fn=_vae_forward)
+            for op in OPS
+        }
+
+    def shape_range(self, op: str) -> ShapeRange:
+        s = self.settings
+        latent = ShapeRange(batch=(1, max(1, s.max_batch)),
+                            spatial=(max(1, -(-s.min_size // self.scale)), max(1, s.max_size // self.scale)))
+        if op == "decode":
+            return latent
+        return ShapeRange(batch=latent.batch, spatial=(latent.spatial[0] * self.scale, latent.spatial[1] * self.scale))
+
+    def options(self, op: str) -> CompileOptions:
+        s = self.settings
+        return CompileOptions(
+            backend=runtime.BACKEND, shape_range=self.shape_range(op), compile_on_miss=s.compile_on_miss,
+            store=runtime.store(), autosave=s.autosave, cover_range=s.cover_range,
+            label=f"VAE {op} ({architecture_name(self.module)})",
+        )
+
+    def run(self, op: str, sample: torch.Tensor, **options):
+        forward = self.forwards[op]
+        method = getattr(self.module, op)
+
+        def eager():
+            return method(sample, **options)
+
+        if options:
+            output = forward.run_eager(f"{op} was called with options {sorted(options)}", eager)
+        elif not isinstance(sample, torch.Tensor):
+            output = forward.run_eager(f"{op} was called with a {type(sample).__name__}", eager)
+        else:
+            output = forward.call(eager, op, sample.contiguous())
+        runtime.count("vae.eager" if forward.ran_eager else "vae.graph")
+        return output
+
+    def example_calls(self, op: str, sizes: List[Tuple[int, int]], batches: List[int]) -> List[Tuple[tuple, dict]]:
+        if self.latent_dim != 2:
+            return []
+        shape_range = self.shape_range(op)
+        calls = []
+        for width, height in sizes:
+            for batch in batches:
+                b = clamp(batch, shape_range.batch)
+                h, w = max(1, height // self.scale), max(1, width // self.scale)
+                if op == "decode":
+                    shape = (b, self.latent_channels, h, w)
+                else:
+                    shape = (b, self.image_channels, h * self.scale, w * self.scale)
+                calls.append(((op, torch.randn(shape, dtype=self.dtype, device=self.device)), {}))
+        return calls
+
+    def family_here(self, signature: str) -> FamilyKey:
+        return FamilyKey(
+            architecture=architecture_name(self.module), structure=self.forwards["decode"].structure(),
+            signature=signature, dtype=dtype_name(module_dtype(self.module)), device=device_kind(self.device),
+            backend=runtime.BACKEND, torch_version=torch_version(),
+        )
+
+
+def _spatial_scale(vae) -> int:
+    try:
+        value = vae.spacial_compression_decode()
+    except Exception:
+        value = 8
+    return int(value) if isinstance(value, (int, float)) and value >= 1 else 8
+
+
+class _Method:
+    """Bound to a runner and an op; what the copied first_stage_model's decode/encode is."""
+
+    def __init__(self, runner: VaeRunner, op: str):
+        self.runner = runner
+        self.op = op
+
+    def __call__(self, sample, *args, **kwargs):
+        if args:
+            return getattr(self.runner.module, self.op)(sample, *args, **kwargs)
+        return self.runner.run(self.op, sample, **kwargs)
+
+
+def runner_of(vae) -> Optional[VaeRunner]:
+    runner = getattr(vae, RUNNER_ATTRIBUTE, None)
+    return runner if isinstance(runner, VaeRunner) else None
+
+
+def original_module(vae) -> torch.nn.Module:
+    runner = runner_of(vae)
+    return runner.module if runner is not None else vae.first_stage_model
+
+
+def speed_up(vae, settings: Settings):
+    """A copy of `vae` whose decode and encode go through graphs; `vae` itself is not changed."""
+    if getattr(vae, "first_stage_model", None) is None:
+        raise ValueError("this VAE has no model (the checkpoint has no VAE weights)")
+    source = copy.copy(vae)
+    source.first_stage_model = original_module(vae)
+    runner = VaeRunner(source, settings)
+    proxy = copy.copy(runner.module)  # shares submodules, parameters and buffers
+    object.__setattr__(proxy, "decode", _Method(runner, "decode"))
+    object.__setattr__(proxy, "encode", _Method(runner, "encode"))
+    faster = copy.copy(vae)
+    faster.first_stage_model = proxy
+    setattr(faster, RUNNER_ATTRIBUTE, runner)
+    return faster, runner
+
+
+def load_to_device(vae) -> None:
+    import comfy.model_management
+
+    comfy.model_management.load_models_gpu([vae.patcher])

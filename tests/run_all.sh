@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The test command (README and CI): sets up what it needs, then runs every suite.
+#  1. the main suite in .venv (Python 3.11, torch 2.13 CPU); the ComfyUI tests in it
+#     run only when COMFYUI_PATH points at a ComfyUI checkout, and say so when skipped;
+#  2. the OneFlow backend tests in .venv-oneflow (Python 3.10, oneflow 0.9.0), built by
+#     .ci/setup_oneflow.sh (about 6 minutes and 8.5 GB the first time, seconds after).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -r requirements.txt -r requirements-dev.txt
+.venv/bin/python -m pytest "$@"
+if [ "${KEEPFAST_SKIP_ONEFLOW:-0}" != "1" ]; then
+  eval "$(.ci/setup_oneflow.sh)"
+  "$ONEFLOW_ENV/bin/python" -m pytest tests/oneflow -m oneflow
+fi
