@@ -53,7 +53,7 @@ def write_via(target: Union[str, Path], produce: Callable[[Path], None]) -> Path
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=target.suffix, dir=target.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".part", dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:

@@ -167,6 +167,10 @@ def warm(model, vae, sizes: List[Tuple[int, int]], batches: List[int], report: R
         for shape, call in zip(shapes, calls):
             started = time.perf_counter()
             result = forward.warmup([call])[0]
+            if result == "ready":
+                flat = forward.flatten(*call)
+                graph, _ = runtime.registry().find(forward.family_for(flat), flat)
+                result = f"served by graph {graph.key.id} ({graph.origin})" if graph is not None else result
             report.add(f"{what} {shape}: {result} ({time.perf_counter() - started:.1f} s)")
             if bar is not None:
                 bar.update(1)

@@ -32,7 +32,6 @@ from ..compiler.structure import architecture_name, module_dtype
 from . import runtime
 
 KEY = "keepfast"
-RUNNER_OPTION = "keepfast_runner"
 
 
 @dataclass(frozen=True)
@@ -167,8 +166,14 @@ class UnetRunner:
 
 
 def runner_of(model) -> Optional[UnetRunner]:
-    runner = model.model_options.get(RUNNER_OPTION)
-    return runner if isinstance(runner, UnetRunner) else None
+    """The runner behind this model's KeepFast wrapper (model_options are deep-copied on clone: not there)."""
+    from comfy.patcher_extension import WrappersMP
+
+    for wrapper in model.get_wrappers(WrappersMP.DIFFUSION_MODEL, KEY):
+        runner = getattr(wrapper, "__self__", None)
+        if isinstance(runner, UnetRunner):
+            return runner
+    return None
 
 
 def speed_up(model, settings: Settings):
@@ -181,7 +186,6 @@ def speed_up(model, settings: Settings):
     runner = UnetRunner(settings, clone.model)
     clone.add_wrapper_with_key(WrappersMP.APPLY_MODEL, KEY, runner.apply_model_wrapper)
     clone.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, KEY, runner.diffusion_model_wrapper)
-    clone.model_options[RUNNER_OPTION] = runner
     return clone, runner
 
 

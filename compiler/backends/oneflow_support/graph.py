@@ -1,0 +1,47 @@
+"""The `oneflow.nn.Graph` that runs one call structure at one static shape.
+
+Imported only once oneflow imports (it subclasses oneflow.nn.Graph).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, List, Sequence
+
+import oneflow
+
+from ...flat_module import CallTemplate
+
+
+def flatten_output(output: Any) -> List[Any]:
+    """The tensors of a OneFlow diffusers output, in the order torch's pytree lists them."""
+    if output is None:
+        return []
+    if isinstance(output, oneflow.Tensor):
+        return [output]
+    if isinstance(output, dict):  # diffusers BaseOutput is an OrderedDict without its None fields
+        return [leaf for value in output.values() for leaf in flatten_output(value)]
+    if isinstance(output, (tuple, list)):
+        return [leaf for item in output for leaf in flatten_output(item)]
+    raise TypeError(f"the OneFlow model returned a {type(output).__name__}; graphs return tensors only")
+
+
+class CallGraph(oneflow.nn.Graph):
+    """build(*flat tensors): rebuild the call around them, run the module, return its tensors."""
+
+    def __init__(self, flow_module, template: CallTemplate, bool_inputs: Sequence[int]):
+        super().__init__()
+        self.model = flow_module  # a ProxyModule: its parameters become the graph's (shared) variables
+        # Plain attributes, kept out of nn.Graph's module bookkeeping.
+        self.__dict__["_keepfast_template"] = template
+        self.__dict__["_keepfast_bool_inputs"] = tuple(bool_inputs)
+
+    def build(self, *flat):
+        flat = list(flat)
+        for index in self.__dict__["_keepfast_bool_inputs"]:
+            flat[index] = flat[index].to(oneflow.bool)  # passed as uint8: DLPack has no bool in 0.9.0
+        args, kwargs = self.__dict__["_keepfast_template"].rebuild(flat)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "X is called in a nn.Graph, but not registered" for helpers
+            output = self.model(*args, **kwargs)
+        return tuple(flatten_output(output))

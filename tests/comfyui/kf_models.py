@@ -1,0 +1,203 @@
+"""Build tiny models ComfyUI's own loaders accept, with random weights, for the integration tests.
+
+Run inside ComfyUI's Python with COMFYUI_PATH set (the tests start it as a
+subprocess, so the test process never imports ComfyUI):
+
+    python kf_models.py checkpoint OUT.safetensors [--seed N]
+    python kf_models.py lora CHECKPOINT OUT.safetensors [--seed N]
+    python kf_models.py controlnet OUT.safetensors [--seed N]
+    python kf_models.py image OUT.png [--size 512] [--seed N]
+
+Everything is built from ComfyUI's classes so their loaders detect it:
+- checkpoint: SD1.5 layout (detected as SD15: 320 model channels, context 768,
+  conv proj_in, no adm), a UNet with channel_mult [1] and one res block (13.6M
+  parameters), the full CLIP-L text encoder stored as float8 (it dominates the
+  file), and a TAESD VAE whose last conv is rescaled so decoded images are
+  mid-grey with visible structure, not black.
+- lora: kohya-format LoRA over the UNet's attention, feed-forward and 1x1
+  projection weights.
+- controlnet: a ControlNet of the same tiny UNet layout (ldm keys).
+Nothing generated is ever committed: the tests write into temporary folders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+UNET_CONFIG = {
+    "image_size": 32, "in_channels": 4, "out_channels": 4, "model_channels": 320, "num_res_blocks": [1],
+    "channel_mult": [1], "transformer_depth": [1], "transformer_depth_output": [0, 0],
+    "transformer_depth_middle": -2, "use_spatial_transformer": True, "context_dim": 768,
+    "use_linear_in_transformer": False, "num_heads": 8, "num_head_channels": -1, "legacy": False,
+    "adm_in_channels": None, "use_temporal_resblock": False, "use_temporal_attention": False,
+}
+_INIT_TYPES = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.GroupNorm,
+               torch.nn.LayerNorm, torch.nn.Embedding)
+_LORA_SUFFIXES = (
+    ".attn1.to_q.weight", ".attn1.to_k.weight", ".attn1.to_v.weight", ".attn1.to_out.0.weight",
+    ".attn2.to_q.weight", ".attn2.to_k.weight", ".attn2.to_v.weight", ".attn2.to_out.0.weight",
+    ".ff.net.0.proj.weight", ".ff.net.2.weight", ".proj_in.weight", ".proj_out.weight",
+)
+
+
+def _comfy():
+    path = os.environ.get("COMFYUI_PATH")
+    if not path:
+        sys.exit("COMFYUI_PATH is not set")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    import comfy.cli_args
+
+    comfy.cli_args.args.cpu = True  # before comfy.model_management is imported
+    import comfy.ops  # noqa: F401
+
+
+def _init(module: torch.nn.Module, seed: int) -> None:
+    """ComfyUI's ops skip weight init (torch.empty); run torch's own init per layer."""
+    torch.manual_seed(seed)
+    for sub in module.modules():
+        for base in _INIT_TYPES:
+            if isinstance(sub, base):
+                base.reset_parameters(sub)
+                break
+
+
+def _save(tensors: dict, path: str) -> None:
+    from safetensors.torch import save_file
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata={"format": "pt"})
+
+
+def checkpoint(path: str, seed: int = 0) -> None:
+    _comfy()
+    import copy
+
+    import comfy.ops
+    import comfy.sd1_clip
+    import comfy.taesd.taesd
+    from comfy.ldm.modules.diffusionmodules.openaimodel import UNetModel
+
+    state = {}
+    unet = UNetModel(dtype=torch.float32, device="cpu", operations=comfy.ops.disable_weight_init, **UNET_CONFIG)
+    _init(unet, seed)
+    state.update({"model.diffusion_model." + k: v.half() for k, v in unet.state_dict().items()})
+    del unet
+
+    text = comfy.sd1_clip.SDClipModel(device="cpu", dtype=torch.float32)
+    _init(text, seed + 1)
+    for key, value in text.state_dict().items():
+        if key.startswith("transformer."):
+            if value.is_floating_point():
+                value = value.to(torch.float8_e4m3fn if value.ndim >= 2 else torch.float16)
+            state["cond_stage_model." + key] = value
+    del text
+
+    vae = comfy.taesd.taesd.TAESD(latent_channels=4)
+    _init(vae, seed + 2)
+    with torch.no_grad():
+        probe = copy.deepcopy(vae.taesd_decoder).double()
+        generator = torch.Generator().manual_seed(seed)
+        raw = probe(torch.randn((1, 4, 8, 8), generator=generator, dtype=torch.float64))
+        factor = float("%.3g" % (0.2 / max(raw.std().item(), 1e-6)))
+        last = vae.taesd_decoder[-1]
+        last.weight.mul_(factor)
+        last.bias.fill_(0.5)
+    state.update({"first_stage_model." + k: v.float() for k, v in vae.state_dict().items()})
+    _save(state, path)
+
+
+def lora(checkpoint_path: str, path: str, seed: int = 123, rank: int = 4, magnitude: float = 0.5) -> None:
+    _comfy()
+    import comfy.model_detection
+    import comfy.utils
+    from safetensors import safe_open
+
+    with safe_open(checkpoint_path, "pt") as handle:
+        shapes = {k: tuple(handle.get_slice(k).get_shape()) for k in handle.keys()}
+    meta = {k: torch.empty(s, device="meta") for k, s in shapes.items()}
+    config = comfy.model_detection.detect_unet_config(meta, "model.diffusion_model.")
+    mapping = comfy.utils.unet_to_diffusers(config)
+    generator = torch.Generator().manual_seed(seed)
+    out = {}
+    for diffusers_key in sorted(mapping):
+        if not diffusers_key.endswith(_LORA_SUFFIXES):
+            continue
+        key = "model.diffusion_model." + mapping[diffusers_key]
+        if key not in shapes:
+            continue
+        shape = shapes[key]
+        out_features, in_features = shape[0], shape[1]
+        std = math.sqrt(magnitude / (math.sqrt(in_features) * math.sqrt(rank)))
+        up = torch.randn((out_features, rank), generator=generator) * std
+        down = torch.randn((rank, in_features), generator=generator) * std
+        if len(shape) == 4:
+            up, down = up.reshape(out_features, rank, 1, 1), down.reshape(rank, in_features, 1, 1)
+        base = "lora_unet_" + diffusers_key[: -len(".weight")].replace(".", "_")
+        out[base + ".lora_up.weight"] = up.half()
+        out[base + ".lora_down.weight"] = down.half()
+        out[base + ".alpha"] = torch.tensor(float(rank))
+    if not out:
+        raise SystemExit("no LoRA target found in " + checkpoint_path)
+    _save(out, path)
+
+
+def controlnet(path: str, seed: int = 5) -> None:
+    _comfy()
+    import comfy.cldm.cldm
+    import comfy.ops
+
+    config = {k: v for k, v in UNET_CONFIG.items() if k not in ("out_channels", "transformer_depth_output")}
+    model = comfy.cldm.cldm.ControlNet(hint_channels=3, dtype=torch.float32, device="cpu",
+                                       operations=comfy.ops.disable_weight_init, **config)
+    _init(model, seed)
+    _save({k: v.half() for k, v in model.state_dict().items()}, path)
+
+
+def image(path: str, size: int = 512, seed: int = 7) -> None:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:size, 0:size] / size
+    base = np.stack([np.sin(6 * x + 1), np.cos(5 * y), np.sin(4 * (x + y))], axis=-1) * 0.35 + 0.5
+    pixels = np.clip(base + rng.normal(0, 0.05, base.shape), 0, 1)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    Image.fromarray((pixels * 255).astype(np.uint8)).save(path)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("checkpoint")
+    p.add_argument("path")
+    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("lora")
+    p.add_argument("checkpoint")
+    p.add_argument("path")
+    p.add_argument("--seed", type=int, default=123)
+    p = sub.add_parser("controlnet")
+    p.add_argument("path")
+    p.add_argument("--seed", type=int, default=5)
+    p = sub.add_parser("image")
+    p.add_argument("path")
+    p.add_argument("--size", type=int, default=512)
+    p.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+    if args.what == "checkpoint":
+        checkpoint(args.path, args.seed)
+    elif args.what == "lora":
+        lora(args.checkpoint, args.path, args.seed)
+    elif args.what == "controlnet":
+        controlnet(args.path, args.seed)
+    else:
+        image(args.path, args.size, args.seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+"""Test support for the ComfyUI integration tests: a headless ComfyUI server, models, workflows.
+
+The server is ComfyUI's own `main.py` started as a subprocess on 127.0.0.1
+with `--cpu`, a temporary `--base-directory` whose `custom_nodes/keepfast` is a
+link to this repository, and a generated checkpoint. Nothing here imports
+ComfyUI; models are built by `kf_models.py` in ComfyUI's Python.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import requests
+from PIL import Image
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+WORKFLOWS = REPO / "workflows"
+COMFYUI_PATH = os.environ.get("COMFYUI_PATH", "")
+PYTHON = os.environ.get("COMFYUI_PYTHON") or sys.executable
+PACK_NAME = "keepfast"
+CHECKPOINT = "v1-5-pruned-emaonly-fp16.safetensors"  # the name the bundled workflows use
+OTHER_CHECKPOINT = "other-sd15.safetensors"
+LORA = "example_lora.safetensors"
+CONTROLNET = "example_controlnet.safetensors"
+IMAGE = "example.png"
+
+UI_ONLY_TYPES = {"Note", "MarkdownNote", "Reroute"}
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload", "animated_image_upload", "upload")
+
+
+def build_models(base: Path) -> None:
+    """Checkpoint, LoRA, ControlNet and input image where ComfyUI looks for them."""
+    def run(*args):
+        subprocess.run([PYTHON, str(HERE / "kf_models.py"), *map(str, args)], check=True,
+                       env={**os.environ, "COMFYUI_PATH": COMFYUI_PATH}, cwd=str(base))
+
+    checkpoint = base / "models" / "checkpoints" / CHECKPOINT
+    run("checkpoint", checkpoint, "--seed", 0)
+    run("lora", checkpoint, base / "models" / "loras" / LORA)
+    run("controlnet", base / "models" / "controlnet" / CONTROLNET)
+    run("image", base / "input" / IMAGE, "--size", 256)
+
+
+def build_other_checkpoint(base: Path) -> None:
+    subprocess.run([PYTHON, str(HERE / "kf_models.py"), "checkpoint",
+                    str(base / "models" / "checkpoints" / OTHER_CHECKPOINT), "--seed", "11"],
+                   check=True, env={**os.environ, "COMFYUI_PATH": COMFYUI_PATH})
+
+
+def make_base(base: Path) -> Path:
+    for folder in ("models/checkpoints", "models/loras", "models/controlnet", "input", "output", "custom_nodes",
+                   "user"):
+        (base / folder).mkdir(parents=True, exist_ok=True)
+    link = base / "custom_nodes" / PACK_NAME
+    if not link.exists():
+        link.symlink_to(REPO, target_is_directory=True)
+    return base
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PromptFailed(AssertionError):
+    pass
+
+
+class ComfyServer:
+    """ComfyUI's main.py as a subprocess; `run(prompt)` posts to /prompt and waits in /history."""
+
+    def __init__(self, base: Path, env: Dict[str, str], extra_args: Optional[List[str]] = None):
+        self.base = Path(base)
+        self.env = env
+        self.extra_args = extra_args or []
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: Optional[subprocess.Popen] = None
+        self.starts = 0
+        self._object_info: Optional[dict] = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.base / f"server-{self.starts}.log"
+
+    def start(self, timeout: float = 300) -> None:
+        self.starts += 1
+        log = open(self.log_path, "w")
+        self.process = subprocess.Popen(
+            [PYTHON, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port), "--base-directory",
+             str(self.base), "--use-pytorch-cross-attention", *self.extra_args],
+            cwd=COMFYUI_PATH, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        log.close()
+        started = time.time()
+        while time.time() - started < timeout:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"ComfyUI exited with {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/system_stats", timeout=2).ok:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"ComfyUI did not start in {timeout} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(30)
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def get(self, path: str, **kwargs) -> requests.Response:
+        return requests.get(self.url + path, timeout=60, **kwargs)
+
+    def object_info(self) -> dict:
+        if self._object_info is None:
+            self._object_info = self.get("/object_info").json()
+        return self._object_info
+
+    def stats(self) -> dict:
+        response = self.get("/keepfast/stats")
+        response.raise_for_status()
+        return response.json()
+
+    def counts(self) -> dict:
+        return self.stats()["counts"]
+
+    def run(self, prompt: dict, timeout: float = 1200) -> dict:
+        """Queue a prompt (API format) and return its history entry; raise with ComfyUI's error if it failed."""
+        client = str(uuid.uuid4())
+        response = requests.post(self.url + "/prompt", json={"prompt": prompt, "client_id": client}, timeout=60)
+        if response.status_code != 200:
+            raise PromptFailed(f"POST /prompt {response.status_code}: {response.text[:3000]}")
+        prompt_id = response.json()["prompt_id"]
+        started = time.time()
+        while time.time() - started < timeout:
+            history = self.get("/history/" + prompt_id).json()
+            if prompt_id in history:
+                entry = history[prompt_id]
+                status = entry.get("status", {})
+                if status.get("status_str") == "error":
+                    raise PromptFailed("prompt failed: " + json.dumps(status.get("messages"))[:4000]
+                                       + "\n" + self.log_tail(40))
+                if status.get("completed"):
+                    return entry
+            if self.process is not None and self.process.poll() is not None:
+                raise PromptFailed("ComfyUI exited while running the prompt:\n" + self.log_tail())
+            time.sleep(0.3)
+        raise TimeoutError(f"prompt {prompt_id} did not finish in {timeout} s")
+
+    def images(self, entry: dict) -> List[np.ndarray]:
+        out = []
+        for node_id in sorted(entry["outputs"], key=_node_order):
+            for image in entry["outputs"][node_id].get("images", []):
+                path = self.base / image.get("type", "output") / image.get("subfolder", "") / image["filename"]
+                out.append(np.asarray(Image.open(path).convert("RGB")).astype(np.float32))
+        return out
+
+    def texts(self, entry: dict) -> Dict[str, str]:
+        """The 'text' ui outputs (reports, stats, Preview as Text) by node id."""
+        out = {}
+        for node_id, data in entry["outputs"].items():
+            if data.get("text"):
+                out[node_id] = "\n".join(str(t) for t in data["text"])
+        return out
+
+
+def _node_order(node_id: str):
+    return (0, int(node_id)) if str(node_id).isdigit() else (1, str(node_id))
+
+
+# -- workflows ---------------------------------------------------------------------
+
+def load_workflow(name: str) -> dict:
+    return json.loads((WORKFLOWS / f"{name}.json").read_text())
+
+
+def bundled_workflows() -> List[str]:
+    return sorted(p.stem for p in WORKFLOWS.glob("*.json"))
+
+
+def _input_spec(info: dict) -> List[tuple]:
+    """(name, type, options) of a node's inputs in the order the page lays out widgets."""
+    out = []
+    for section in ("required", "optional"):
+        for name, spec in (info.get("input", {}).get(section) or {}).items():
+            kind = spec[0]
+            options = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+            out.append((name, kind, options))
+    return out
+
+
+def _is_widget(kind: Any, options: dict) -> bool:
+    if options.get("forceInput") or options.get("rawLink"):
+        return False
+    return isinstance(kind, list) or kind in WIDGET_TYPES
+
+
+def ui_to_api(workflow: dict, object_info: dict) -> dict:
+    """A workflow as the page saves it -> the prompt /prompt takes (what the page's 'Queue' sends)."""
+    links = {}
+    for link in workflow.get("links", []):
+        if isinstance(link, dict):
+            links[link["id"]] = (link["origin_id"], link["origin_slot"])
+        else:
+            links[link[0]] = (link[1], link[2])
+    prompt = {}
+    for node in workflow["nodes"]:
+        kind = node["type"]
+        if kind in UI_ONLY_TYPES or node.get("mode", 0) in (2, 4):
+            if node.get("mode", 0) == 4:
+                raise ValueError(f"node {node['id']} ({kind}) is bypassed; bypass is not converted")
+            continue
+        if kind not in object_info:
+            raise KeyError(f"node type {kind} is not installed in this ComfyUI")
+        linked = {}
+        for entry in node.get("inputs", []) or []:
+            if entry.get("link") is not None:
+                origin, slot = links[entry["link"]]
+                linked[entry["name"]] = [str(origin), slot]
+        values = list(node.get("widgets_values") or [])
+        inputs: Dict[str, Any] = {}
+        for name, spec_kind, options in _input_spec(object_info[kind]):
+            if _is_widget(spec_kind, options):
+                value = values.pop(0) if values else options.get("default")
+                if options.get("control_after_generate") or (spec_kind == "INT" and name in ("seed", "noise_seed")):
+                    if values:
+                        values.pop(0)
+                if any(options.get(flag) for flag in UPLOAD_FLAGS) and values:
+                    values.pop(0)
+                inputs[name] = linked.get(name, value)
+            elif name in linked:
+                inputs[name] = linked[name]
+        prompt[str(node["id"])] = {"class_type": kind, "inputs": inputs}
+    return prompt
+
+
+def set_inputs(prompt: dict, class_type: str, **values) -> dict:
+    """Set widget values on every node of a type (returns the prompt for chaining)."""
+    found = False
+    for node in prompt.values():
+        if node["class_type"] == class_type:
+            node["inputs"].update(values)
+            found = True
+    if not found:
+        raise KeyError(f"no {class_type} node in the prompt")
+    return prompt
+
+
+def nodes_of(prompt: dict, class_type: str) -> List[str]:
+    return [node_id for node_id, node in prompt.items() if node["class_type"] == class_type]
+
+
+def without_speedup(prompt: dict) -> dict:
+    """The same prompt with every KeepFast node bypassed (its MODEL/VAE input wired through)."""
+    prompt = copy.deepcopy(prompt)
+    passthrough = {}
+    for node_id, node in list(prompt.items()):
+        if not node["class_type"].startswith("KeepFast"):
+            continue
+        inputs = node["inputs"]
+        if node["class_type"] in ("KeepFastModelSpeedup",):
+            passthrough[(node_id, 0)] = inputs["model"]
+        elif node["class_type"] == "KeepFastVAESpeedup":
+            passthrough[(node_id, 0)] = inputs["vae"]
+        elif node["class_type"] in ("KeepFastSaveGraph", "KeepFastLoadGraph", "KeepFastWarmupGraphs"):
+            if "model" in inputs:
+                passthrough[(node_id, 0)] = inputs["model"]
+            if "vae" in inputs:
+                passthrough[(node_id, 1)] = inputs["vae"]
+        del prompt[node_id]
+    for node_id, node in list(prompt.items()):
+        for name, value in list(node["inputs"].items()):
+            while isinstance(value, list) and len(value) == 2 and (value[0], value[1]) in passthrough:
+                value = passthrough[(value[0], value[1])]
+            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and value[0] not in prompt:
+                del node["inputs"][name]  # a link to a removed node (e.g. a report into Preview as Text)
+                continue
+            node["inputs"][name] = value
+    # Nodes left without a required link (Preview as Text of a report) are dropped.
+    for node_id, node in list(prompt.items()):
+        if node["class_type"] in ("PreviewAny",) and "source" not in node["inputs"]:
+            del prompt[node_id]
+    return prompt
+
+
+def image_difference(a: np.ndarray, b: np.ndarray) -> tuple:
+    """(mean, max) absolute difference in 0-255 pixel levels."""
+    assert a.shape == b.shape, (a.shape, b.shape)
+    diff = np.abs(a - b)
+    return float(diff.mean()), float(diff.max())
