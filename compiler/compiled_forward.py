@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from .backends import DEFAULT_BACKEND, BackendUnavailable, CompiledGraph, CompileFailed, get_backend
-from .backends.base import Progress, range_failure
+from .backends.base import GraphMismatch, Progress, range_failure
 from .environment import device_kind, dtype_name, torch_version
 from .flat_module import ForwardFn
 from .keys import FamilyKey, GraphKey
@@ -30,8 +30,6 @@ from .store import GraphRefused, GraphStore, StoreError
 from .structure import architecture_name, module_device, module_dtype, structure_hash
 
 log = logging.getLogger("keepfast")
-
-MAX_GRAPHS_PER_FAMILY = 4
 
 
 @dataclass
@@ -52,6 +50,8 @@ class CompileOptions:
 
 class CompiledForward:
     """Callable with a module's forward signature; see the module docstring."""
+
+    is_keepfast_dispatcher = True
 
     def __init__(
         self,
@@ -104,18 +104,33 @@ class CompiledForward:
         except UnsupportedCall as error:
             return self._fallback(None, str(error), args, kwargs)
         family = self.family_for(call)
-        graph, why = self.registry.find(family, call)
-        if graph is None:
+        served, output, why = self._run_existing(family, call)
+        if not served:
             graph, why = self.obtain(family, call, why)
-        if graph is None:
+            if graph is not None:
+                served, output, why = self._run_existing(family, call)
+        if not served:
             return self._fallback(family, why or "no graph", args, kwargs)
-        try:
-            output = graph.run(self.module, call)
-        except Exception as error:  # a graph that breaks at run time must not break the run
-            return self._fallback(family, f"graph {graph.key.id} failed at run time: {error}", args, kwargs)
         self.graph_calls += 1
-        self.last_status = f"{graph.origin} graph"
         return output
+
+    def _run_existing(self, family: FamilyKey, call: FlatCall) -> Tuple[bool, Any, Optional[str]]:
+        """Run the call on the first graph of the family that serves it: (served, output, why not)."""
+        why = None
+        for _ in range(len(self.registry.family_graphs(family)) + 1):
+            graph, reason = self.registry.find(family, call)
+            if graph is None:
+                return False, None, why or reason
+            try:
+                output = graph.run(self.module, call)
+            except GraphMismatch as mismatch:  # the graph now knows; try the next one
+                why = str(mismatch)
+                continue
+            except Exception as error:  # a graph that breaks at run time must not break the run
+                return False, None, f"graph {graph.key.id} failed at run time: {error}"
+            self.last_status = f"{graph.origin} graph"
+            return True, output, None
+        return False, None, why
 
     def _fallback(self, family: Optional[FamilyKey], reason: str, args, kwargs) -> Any:
         self.eager_calls += 1
@@ -176,14 +191,14 @@ class CompiledForward:
         outside = range_failure(call.shapes, bounds, call.tensor_paths)
         if outside:
             return None, f"{outside} (declared range: {options.shape_range.describe()})"
-        existing = self.registry.family_graphs(family)
-        if len(existing) >= MAX_GRAPHS_PER_FAMILY:
-            return None, (f"{len(existing)} graphs already built for this input structure and none serves "
-                          f"it ({why}); not compiling more")
         try:
             backend = get_backend(options.backend)
         except BackendUnavailable as error:
             return None, str(error)
+        existing = self.registry.family_graphs(family)
+        if len(existing) >= backend.max_graphs_per_family:
+            return None, (f"{len(existing)} graphs already built for this input structure and none serves "
+                          f"it ({why}); not compiling more")
         if existing:
             reason = f"no graph serves this input ({why})"
         elif why:
@@ -193,7 +208,7 @@ class CompiledForward:
         graph, error = self._compile(backend, family, call, reason, progress)
         if graph is None:
             return None, error
-        if options.cover_range and backend.persistent:
+        if options.cover_range and not backend.static_shapes:
             self._cover(backend, family, call, progress)
         return graph, None
 
@@ -223,14 +238,20 @@ class CompiledForward:
         return graph, None
 
     def _cover(self, backend, family, call, progress) -> None:
+        """Compile now for the range corners no graph serves, not in a later run."""
         for batch, height, width in corner_targets(self.options.shape_range):
             probe = reshape_call(call, batch, height, width)
             if probe is None:
                 continue
-            graph, why = self.registry.find(family, probe)
-            if graph is not None:
-                continue
-            if len(self.registry.family_graphs(family)) >= MAX_GRAPHS_PER_FAMILY:
+            if backend.covers_by_running:  # torch.compile's guards are only known by running
+                served, _, why = self._run_existing(family, probe)
+                if served:
+                    continue
+            else:
+                graph, why = self.registry.find(family, probe)
+                if graph is not None:
+                    continue
+            if len(self.registry.family_graphs(family)) >= backend.max_graphs_per_family:
                 return
             reason = f"range corner batch {batch}, latent {height}x{width} is not served ({why})"
             self._compile(backend, family, probe, reason, progress)

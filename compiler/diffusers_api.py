@@ -19,7 +19,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from .backends import DEFAULT_BACKEND
+from .backends import DEFAULT_BACKEND, get_backend
 from .calls import canonical_binder
 from .compiled_forward import CompiledForward, CompileOptions
 from .environment import device_kind, torch_version
@@ -197,7 +197,8 @@ def _save_target(pipe, target, compiled: CompiledForward, store: GraphStore, dty
             family = compiled.family_for(call)
             for graph in compiled.registry.family_graphs(family):
                 if not graph.persistent:
-                    report.problems.append(f"{target}: the {family.backend} backend's graphs cannot be saved")
+                    reason = get_backend(family.backend).persist_unavailable_reason()
+                    report.problems.append(f"{target}: {reason or 'its graphs cannot be saved'}")
                     continue
                 try:
                     stored = store.save(graph, call.signature.to_json())

@@ -215,7 +215,8 @@ class GraphStore:
     # -- writing -----------------------------------------------------------
     def save(self, graph: CompiledGraph, signature: dict, origin: str = "built here") -> StoredGraph:
         if not graph.persistent:
-            raise StoreError(f"graphs of the {graph.key.family.backend} backend cannot be saved")
+            reason = get_backend(graph.key.family.backend).persist_unavailable_reason()
+            raise StoreError(reason or f"graphs of the {graph.key.family.backend} backend cannot be saved")
         family = graph.key.family
         folder = self.folder_for(family)
         suffix = get_backend(family.backend).package_suffix

@@ -162,6 +162,9 @@ class KeepFastWarmupGraphs(io.ComfyNode):
                 io.String.Input("resolutions", default="512x512, 768x768",
                                 tooltip="WIDTHxHEIGHT, comma-separated."),
                 io.String.Input("batch_sizes", default="1", tooltip="Images per batch, comma-separated."),
+                io.Boolean.Input("vae_encode", default=False,
+                                 tooltip="Also make VAE Encode graphs (img2img, inpainting); decode is always "
+                                         "included."),
             ],
             outputs=[io.Model.Output(), io.Vae.Output(), io.String.Output(display_name="report")],
             is_output_node=True,
@@ -179,11 +182,12 @@ class KeepFastWarmupGraphs(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(cls, resolutions, batch_sizes, model=None, vae=None):
+    def execute(cls, resolutions, batch_sizes, vae_encode, model=None, vae=None):
         runtime.setup()
         sizes, batches = parse_resolutions(resolutions), parse_batch_sizes(batch_sizes)
         report = Report("KeepFast Warmup Graphs")
-        model_out, vae_out = operations.warm(model, vae, sizes, batches, report)
+        ops = ("decode", "encode") if vae_encode else ("decode",)
+        model_out, vae_out = operations.warm(model, vae, sizes, batches, report, vae_ops=ops)
         text = report.text()
         return io.NodeOutput(model_out, vae_out, text, ui=_ui(text))
 

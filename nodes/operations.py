@@ -133,7 +133,8 @@ def _progress_bar(total: int):
         return None
 
 
-def warm(model, vae, sizes: List[Tuple[int, int]], batches: List[int], report: Report):
+def warm(model, vae, sizes: List[Tuple[int, int]], batches: List[int], report: Report,
+         vae_ops: Tuple[str, ...] = ("decode",)):
     """Make sure graphs serve each size and batch; returns the (sped-up) model and VAE."""
     unavailable = runtime.compile_unavailable()
     if unavailable:
@@ -157,7 +158,7 @@ def warm(model, vae, sizes: List[Tuple[int, int]], batches: List[int], report: R
             report.add(f"VAE: {error}")
         else:
             vae_side.load_to_device(vae_out)
-            for op in vae_side.OPS:
+            for op in vae_ops:
                 calls = vrunner.example_calls(op, sizes, batches)
                 if calls:
                     jobs.append((f"VAE {op}", vrunner.forwards[op], calls))

@@ -30,6 +30,11 @@ class CompileFailed(Exception):
     """The backend could not build a graph; the message says why."""
 
 
+class GraphMismatch(Exception):
+    """Running showed this graph cannot serve the call (e.g. a torch.compile guard
+    failed); the graph remembers it, and the dispatcher looks for another."""
+
+
 class BackendUnavailable(Exception):
     """The backend cannot run in this environment; the message says why."""
 
@@ -73,9 +78,20 @@ class Backend(ABC):
     name: str = ""
     persistent: bool = False
     package_suffix: str = ""
+    # True when a graph's validity for a shape is only known by running it
+    # (torch.compile guards), so covering a range means running its corners.
+    covers_by_running: bool = False
+    # A graph serves only the exact shapes it was built for (oneflow): warm up
+    # declared shapes, never compile range corners, and allow more per family.
+    static_shapes: bool = False
+    max_graphs_per_family: int = 4
 
     def unavailable_reason(self) -> Optional[str]:
         return None
+
+    def persist_unavailable_reason(self) -> Optional[str]:
+        """None if this backend's graphs can be saved here, else why not."""
+        return None if self.persistent else f"the {self.name} backend's graphs cannot be saved"
 
     @abstractmethod
     def compile(

@@ -19,6 +19,7 @@ from surprising a user:
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import threading
 import types
@@ -31,9 +32,32 @@ from ..flat_module import FlatForward, module_tensors
 from ..keys import GraphKey
 from ..shapes import leaf_bounds
 from ..signature import FlatCall
-from .base import Backend, CompileFailed, CompiledGraph, LeafBounds, Progress, no_progress, range_failure
+from .base import (Backend, CompileFailed, CompiledGraph, GraphMismatch, LeafBounds, Progress, no_progress,
+                   range_failure)
 
 _COUNTER = itertools.count()
+
+
+def _skeleton(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the module's structure with meta tensors in place of its weights.
+
+    The graph is traced through this, with the real weights passed in. Were it
+    traced through the real module, torch.compile would guard on the identity of
+    that module's tensors and recompile for every other checkpoint.
+    """
+    clone = copy.copy(module)
+    state = clone.__dict__
+    state["_parameters"] = {
+        name: None if p is None else torch.nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad)
+        for name, p in module._parameters.items()
+    }
+    state["_buffers"] = {
+        name: None if b is None else torch.empty_like(b, device="meta") for name, b in module._buffers.items()
+    }
+    state["_modules"] = {name: None if m is None else _skeleton(m) for name, m in module._modules.items()}
+    if getattr(state.get("forward"), "is_keepfast_dispatcher", False):
+        del state["forward"]  # trace the module itself, not our dispatcher installed on it
+    return clone
 
 
 def _fresh_entry_point(name: str):
@@ -58,7 +82,7 @@ class InductorGraph(CompiledGraph):
         self.origin = "compiled"
         self.bounds = bounds
         self.inductor_compiles = 0
-        self._flat = FlatForward(module, forward_fn, call)
+        self._flat = FlatForward(_skeleton(module), forward_fn, call)
         self._rejected: Dict[Tuple, str] = {}
         self._lock = threading.Lock()
         self.ready = False
@@ -91,7 +115,7 @@ class InductorGraph(CompiledGraph):
                 if self.ready and "recompil" in str(error).lower():
                     reason = "torch.compile would recompile: " + _guard_text(error)
                     self._rejected[tuple(call.shapes)] = reason
-                    raise RuntimeError(reason) from None
+                    raise GraphMismatch(reason) from None
                 raise
         self.ready = True
         return pytree.tree_unflatten(list(outputs), self._flat.out_spec)
@@ -106,6 +130,7 @@ def _guard_text(error: BaseException) -> str:
 class InductorBackend(Backend):
     name = "inductor"
     persistent = False
+    covers_by_running = True
 
     def unavailable_reason(self) -> Optional[str]:
         if not hasattr(torch.compiler, "set_stance"):
@@ -120,6 +145,8 @@ class InductorBackend(Backend):
         progress("compiling with torch.compile (inductor)", 0.1)
         try:
             graph.run(module, call)  # under the caller's grad mode, which torch.compile guards on
+        except GraphMismatch:
+            raise
         except Exception as error:
             raise CompileFailed(f"torch.compile failed: {type(error).__name__}: {str(error).splitlines()[0][:300]}") from error
         return graph

@@ -31,7 +31,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -57,6 +57,34 @@ def _first_line(error: BaseException) -> str:
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()
     text = [line.strip() for line in text if line.strip()]
     return (text[0] if text else type(error).__name__)[:300]
+
+
+# OneFlow 0.9.0 leaves its plan compiler in a broken state when building a plan fails (e.g. no kernel
+# for a dtype): the next graph compile in the process aborts it ("Check failed: Get() == nullptr" in
+# oneflow::Compiler::Compile). Tracing failures are harmless. After a plan failure no more graphs are
+# compiled in this process; graphs already built keep running.
+_PLAN_FAILURE: Optional[str] = None
+
+
+def _compile_nn_graph(nn_graph, inputs: list) -> None:
+    """Trace (with OneFlow's diffusers in sys.modules), then compile the plan, guarding the process."""
+    global _PLAN_FAILURE
+    from .oneflow_support import isolation
+
+    if _PLAN_FAILURE:
+        raise BackendUnavailable(_PLAN_FAILURE)
+    with isolation.active():  # tracing runs the OneFlow copy's Python code
+        nn_graph.build_graph(*inputs)
+    try:
+        nn_graph.finish_complie_and_init_runtime()
+    except Exception as error:
+        _PLAN_FAILURE = (
+            f"an earlier OneFlow graph failed in OneFlow's plan compiler ({_first_line(error)}); OneFlow 0.9.0 "
+            "aborts the process on the next graph compile after that, so no more OneFlow graphs are compiled "
+            "in this process (restart it to compile again; graphs already built keep running)"
+        )
+        log.error("oneflow backend: %s", _PLAN_FAILURE)
+        raise
 
 
 class _Output:
@@ -120,12 +148,8 @@ class OneflowGraph(CompiledGraph):
         return flat
 
     def _execute(self, module: torch.nn.Module, call: FlatCall) -> List[torch.Tensor]:
-        """Bind `module`'s weights, run the graph, wait for it; the outputs as torch tensors.
-
-        The first run traces and compiles the graph, which runs OneFlow's
-        diffusers code: only that happens with the OneFlow copy in sys.modules.
-        """
-        from .oneflow_support import isolation
+        """Bind `module`'s weights, run the graph (compiling it on the first call), wait for it;
+        the outputs as torch tensors."""
         from .oneflow_support.weights import sync, to_torch
 
         binding = self.binding
@@ -135,13 +159,12 @@ class OneflowGraph(CompiledGraph):
             if binding.copies != copies:
                 self.last_note = binding.notes[-1]
             inputs = self._inputs(call)
-            if any(t.is_cuda for t in call.tensors):
-                torch.cuda.synchronize()  # torch's kernels producing the inputs run on torch's stream
-            if self.nn_graph._is_compiled:
-                outputs = self.nn_graph(*inputs)
-            else:
-                with isolation.active():
-                    outputs = self.nn_graph(*inputs)
+            cuda = [t.device for t in call.tensors if t.is_cuda]
+            if cuda:
+                torch.cuda.synchronize(cuda[0])  # torch's kernels producing the inputs run on torch's stream
+            if not self.nn_graph._is_compiled:
+                _compile_nn_graph(self.nn_graph, inputs)
+            outputs = self.nn_graph(*inputs)
             sync()
             return [to_torch(o) for o in outputs]
 
@@ -199,6 +222,9 @@ class LoadedOneflowGraph(OneflowGraph):
         self.nn_graph = None
         self.ready = False
         self.runs = 0
+        self.build_seconds = 0.0
+        self.eager_seconds = 0.0
+        self.max_abs_diff = None
         self.last_note = ""
         self._backend = backend
         self._package = package
@@ -233,7 +259,7 @@ class LoadedOneflowGraph(OneflowGraph):
         graph = CallGraph(self.binding.flow_module, self.template, self.bool_inputs)
         with tempfile.TemporaryDirectory(prefix="keepfast-oneflow-") as folder:
             with tarfile.open(fileobj=io.BytesIO(self._package)) as archive:
-                archive.extractall(folder)
+                archive.extractall(folder, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
             state = oneflow.load(os.path.join(folder, "graph"))
         graph.load_runtime_state_dict(state)
         self.output = _Output(self._spec, [torch.empty(0)] * self._spec.num_leaves)
@@ -252,6 +278,10 @@ class OneflowBackend(Backend):
     # Static shapes: one graph per (batch, resolution, sequence length) of a family. The dispatcher's
     # default bound (4) is too low for a resolution x batch sweep; it should read this attribute.
     max_graphs_per_family = 8
+    # A graph serves only the shapes it was built for: covering a declared range by compiling its
+    # corners builds graphs for those corners alone (at 256x256 latents, large ones). The dispatcher
+    # should skip range covering for this backend; warm up the declared shapes instead.
+    static_shapes = True
     verify_against_eager = True
 
     def __init__(self):
@@ -261,7 +291,7 @@ class OneflowBackend(Backend):
         self.persistent = reason is None and runtime_state_supported()
 
     def unavailable_reason(self) -> Optional[str]:
-        return oneflow_unavailable_reason()
+        return oneflow_unavailable_reason() or _PLAN_FAILURE
 
     def persist_unavailable_reason(self) -> Optional[str]:
         return persist_unavailable_reason()
@@ -299,11 +329,27 @@ class OneflowBackend(Backend):
         return binding
 
     # -- compiling ----------------------------------------------------------------
+    def check_supported(self, module: torch.nn.Module, call: FlatCall) -> None:
+        """Refuse, before OneFlow sees it, what OneFlow 0.9.0 is known not to run.
+
+        float16 on the CPU fails in OneFlow's plan compiler, which then aborts
+        the process on the next compile (see _PLAN_FAILURE).
+        """
+        first = list(module.parameters())[:1]
+        half = {t.dtype for t in list(call.tensors) + first if t.dtype in (torch.float16, torch.bfloat16)}
+        on_cpu = any(t.device.type == "cpu" for t in list(call.tensors) + first)
+        if half and on_cpu:
+            raise CompileFailed(
+                f"OneFlow 0.9.0 has no CPU kernels for {', '.join(sorted(str(d) for d in half))} (conv2d, "
+                "group_norm); on the CPU the oneflow backend runs float32 models only"
+            )
+
     def compile(self, module, forward_fn, call: FlatCall, key: GraphKey,
                 progress: Progress = no_progress) -> OneflowGraph:
         reason = self.unavailable_reason()
         if reason:
             raise BackendUnavailable(reason)
+        self.check_supported(module, call)
         own_forward = getattr(type(module), "forward", None)
         if forward_fn is not own_forward:
             raise CompileFailed(
@@ -372,18 +418,30 @@ class OneflowBackend(Backend):
 
 
 def declared_calls(args: tuple, kwargs: dict, batch_sizes: Iterable[int],
-                   latent_sizes: Iterable[Tuple[int, int]]) -> List[Tuple[tuple, dict]]:
+                   latent_sizes: Iterable[Tuple[int, int]], seed: int = 0) -> List[Tuple[tuple, dict]]:
     """Example calls at every declared batch size and latent (height, width), for warmup.
 
     `CompiledForward.warmup(declared_calls(...))` builds a graph for each, so
-    later calls at those sizes are hits.
+    later calls at those sizes are hits. Tensors whose shape does not change
+    (a scalar timestep) are kept; reshaped floating tensors are random (each
+    build is checked against eager on them), others zeros.
     """
     call = FlatCall(args, kwargs)
+    generator = torch.Generator().manual_seed(seed)
     out = []
     for batch in batch_sizes:
         for height, width in latent_sizes:
             probe = reshape_call(call, batch, height, width)
             if probe is None:
                 raise ValueError(f"cannot reshape the example call to batch {batch}, latent {height}x{width}")
-            out.append(probe.rebuild(probe.tensors))
+            tensors = []
+            for original, shaped in zip(call.tensors, probe.tensors):
+                if shaped.shape == original.shape:
+                    tensors.append(original)
+                elif shaped.is_floating_point():
+                    tensors.append(torch.randn(shaped.shape, generator=generator, dtype=shaped.dtype)
+                                   .to(shaped.device))
+                else:
+                    tensors.append(shaped)
+            out.append(probe.rebuild(tensors))
     return out

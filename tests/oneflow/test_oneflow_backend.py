@@ -47,6 +47,12 @@ BATCHES = (1, 2)
 LATENTS = ((8, 8), (16, 12))  # declared resolutions (latent pixels): 64x64 and 128x96 images
 
 
+def oneflow_options(**changes) -> CompileOptions:
+    # Static-shape graphs are built per declared shape (warmup), never for the corners of a range:
+    # a corner graph serves only that corner (and a 256x256 corner is a large build).
+    return CompileOptions(backend="oneflow", shape_range=RANGE, cover_range=False, **changes)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _one_thread():
     # Two shared cores: torch's default two OpenMP threads spin against each other (~2 s per tiny
@@ -68,7 +74,7 @@ def unet_inputs(batch, height, width, seed):
 def unet_setup(numbers):
     registry = GraphRegistry()
     unet = tiny_unet(0)
-    compiled = compile_module(unet, CompileOptions(backend="oneflow", shape_range=RANGE, label="unet"), registry)
+    compiled = compile_module(unet, oneflow_options(label="unet"), registry)
     args, kwargs = unet_inputs(1, 8, 8, seed=0)
     calls = declared_calls(args, kwargs, BATCHES, LATENTS)
     started = time.perf_counter()
@@ -209,7 +215,7 @@ def test_in_place_weight_change_reaches_the_graph(unet_setup):
 def test_vae_decoder_equals_torch_eager(numbers):
     registry = GraphRegistry()
     vae = tiny_vae(0)
-    compiled = compile_module(vae.decoder, CompileOptions(backend="oneflow", shape_range=RANGE, label="vae.decoder"),
+    compiled = compile_module(vae.decoder, oneflow_options(label="vae.decoder"),
                               registry)
     latents = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(3))
     image = vae.decoder(latents)
@@ -241,7 +247,7 @@ def test_a_graph_that_differs_from_eager_is_not_used(monkeypatch):
     monkeypatch.setitem(oneflow_backend.TOLERANCE, torch.float32, -1.0)  # nothing passes
     registry = GraphRegistry()
     decoder = tiny_vae(2).decoder
-    compiled = compile_module(decoder, CompileOptions(backend="oneflow", shape_range=RANGE), registry)
+    compiled = compile_module(decoder, oneflow_options(), registry)
     latents = torch.randn(1, 4, 8, 8)
     out = decoder(latents)
     assert compiled.last_status.startswith("eager: compile failed: the OneFlow graph's output 0 differs")
@@ -253,7 +259,7 @@ def test_a_graph_that_differs_from_eager_is_not_used(monkeypatch):
 def test_another_module_of_the_same_structure(numbers):
     """A second VAE decoder (other weights, same structure) meets the first one's graph."""
     registry = GraphRegistry()
-    options = CompileOptions(backend="oneflow", shape_range=RANGE, label="vae.decoder")
+    options = oneflow_options(label="vae.decoder")
     first = tiny_vae(0).decoder
     second = tiny_vae(1).decoder
     latents = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(4))
@@ -291,10 +297,60 @@ def test_another_module_of_the_same_structure(numbers):
     assert float((out - ref).abs().max()) < ATOL and graph.binding.copies == 1
 
 
+def test_half_precision_on_cpu_is_refused_before_oneflow_sees_it():
+    registry = GraphRegistry()
+    decoder = tiny_vae(0).decoder.half()
+    compiled = compile_module(decoder, oneflow_options(), registry)
+    decoder(torch.randn(1, 4, 8, 8).half())
+    assert compiled.last_status.startswith("eager: compile failed: OneFlow 0.9.0 has no CPU kernels for torch.float16")
+
+
+_PLAN_FAILURE_SCRIPT = """
+import torch
+torch.set_num_threads(1)
+from compiler import CompileOptions, GraphRegistry, get_backend, tiny_models
+from compiler.diffusers_api import compile_module
+from compiler.backends.oneflow_backend import OneflowBackend
+OneflowBackend.check_supported = lambda self, module, call: None  # let float16 reach OneFlow's planner
+registry = GraphRegistry()
+good = tiny_models.tiny_vae(0).decoder
+compiled = compile_module(good, CompileOptions(backend="oneflow", cover_range=False), registry)
+z = torch.randn(1, 4, 8, 8)
+good(z)
+print("FIRST", compiled.last_status)
+half = tiny_models.tiny_vae(1).decoder.half()
+compiled_half = compile_module(half, CompileOptions(backend="oneflow", cover_range=False), registry)
+half(z.half())
+print("HALF", compiled_half.last_status)
+good(torch.randn(1, 4, 16, 16))
+print("NEXT", compiled.last_status)
+good(z)
+print("OLD", compiled.last_status)
+print("REASON", get_backend("oneflow").unavailable_reason())
+"""
+
+
+def test_a_failed_plan_compile_does_not_abort_the_process():
+    """OneFlow 0.9.0 aborts the process on the compile after a failed plan compile: the backend stops
+    compiling instead (run in a child process: it leaves OneFlow unable to compile)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", _PLAN_FAILURE_SCRIPT], cwd=root, capture_output=True, text=True,
+                          timeout=600)
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line[:4] in ("FIRS", "HALF", "NEXT", "OLD ", "REAS"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert lines["FIRST"] == "compiled graph"
+    assert lines["HALF"].startswith("eager: compile failed: OneFlow graph compile failed")
+    assert lines["NEXT"].startswith("eager: compile failed: an earlier OneFlow graph failed in OneFlow's plan compiler")
+    assert lines["OLD"] == "compiled graph"
+    assert "restart" in lines["REASON"]
+
+
 def test_unknown_architecture_runs_eager_with_the_reason():
     registry = GraphRegistry()
     module = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 3, padding=1)).eval()
-    compiled = compile_module(module, CompileOptions(backend="oneflow", shape_range=RANGE), registry)
+    compiled = compile_module(module, oneflow_options(), registry)
     x = torch.randn(1, 4, 8, 8)
     out = module(x)
     with torch.no_grad():

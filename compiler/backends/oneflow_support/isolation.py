@@ -118,7 +118,11 @@ def _bound_to_oneflow(module: types.ModuleType) -> bool:
     """A module imported while mock_torch was on, holding OneFlow as `torch`."""
     import oneflow.mock_torch as mock
 
-    for value in list(vars(module).values()):
+    try:
+        values = list(vars(module).values())
+    except TypeError:
+        return False
+    for value in values:
         if isinstance(value, mock.ModuleWrapper):
             return True
         if isinstance(value, types.ModuleType) and value.__name__.split(".")[0] == "oneflow":

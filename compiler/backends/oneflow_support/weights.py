@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import Any, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 

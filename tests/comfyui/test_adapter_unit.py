@@ -1,0 +1,201 @@
+"""The ComfyUI adapter's ComfyUI-free parts (compiler/comfy_adapter.py), the pack entry and the bundled
+workflow files. Runs without ComfyUI and without compiling anything."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from compiler import CompileOptions, GraphRegistry
+from compiler.comfy_adapter import (
+    ComfyForward, GraphSetError, MultiRootStore, bind_call, comfy_structure_hash, forward_signature,
+    graph_set_entries, latent_range, options_reason, parse_batch_sizes, parse_resolutions, read_json,
+    set_file_name, unet_example_call, write_graph_set,
+)
+from compiler.signature import FlatCall
+from compiler.structure import structure_hash
+from compiler.trust import TrustList
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def forward(x, timesteps=None, context=None, y=None, control=None, transformer_options={}, **kwargs):
+    """UNetModel._forward's parameters."""
+
+
+# -- transformer_options ------------------------------------------------------------
+
+def test_bookkeeping_options_compile():
+    options = {"wrappers": {"diffusion_model": {"keepfast": [print]}}, "callbacks": {}, "cond_or_uncond": [1, 0],
+               "uuids": ["a"], "sigmas": torch.ones(1), "sample_sigmas": torch.ones(3), "patches": {},
+               "patches_replace": {"attn1": {}}, "transformer_index": 0, "block": ("input", 1)}
+    assert options_reason(options) is None
+    assert options_reason({}) is None and options_reason(None) is None
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"patches": {"output_block_patch": [print]}}, "patches (output_block_patch)"),
+    ({"patches_replace": {"attn2": {("input", 1, 0): print}}}, "patches_replace (attn2)"),
+    ({"optimized_attention_override": print}, "optimized_attention_override"),
+    ({"rope_options": {"scale": 2}}, "rope_options"),
+])
+def test_computation_changing_options_run_eager_with_a_reason(options, named):
+    reason = options_reason(options)
+    assert reason is not None and named in reason and "compiled graph cannot include" in reason
+
+
+# -- calls -----------------------------------------------------------------------------
+
+def test_bound_calls_have_one_input_structure_however_passed():
+    x, t, c = torch.randn(2, 4, 8, 8), torch.ones(2), torch.randn(2, 77, 768)
+    signature = forward_signature(forward)
+    by_position, options_a = bind_call(signature, (x, t, c, None, None, {"uuids": [1]}), {})
+    by_name, options_b = bind_call(signature, (x,), {"timesteps": t, "context": c, "transformer_options": {}})
+    assert list(by_position) == list(by_name) == ["context", "timesteps", "x"]
+    assert options_a == {"uuids": [1]} and options_b == {}
+    assert FlatCall((), by_position).signature.id == FlatCall((), by_name).signature.id
+    example = unet_example_call(4, 768, None, 2, 8, 8, 77, torch.float32, "cpu")
+    assert FlatCall(*example).signature.id == FlatCall((), by_name).signature.id
+
+
+def test_inputs_are_made_contiguous():
+    x = torch.randn(2, 8, 8, 4).movedim(-1, 1)
+    assert not x.is_contiguous()
+    bound, _ = bind_call(forward_signature(forward), (x, torch.ones(2)), {})
+    assert bound["x"].is_contiguous() and torch.equal(bound["x"], x)
+
+
+def test_extra_positional_inputs_do_not_bind():
+    def takes_star(x, *rest, transformer_options=None):
+        pass
+
+    with pytest.raises(TypeError):
+        bind_call(forward_signature(takes_star), (torch.ones(1), torch.ones(1)), {})
+
+
+def test_controlnet_residuals_are_a_new_input_structure():
+    x, t, c = torch.randn(2, 4, 8, 8), torch.ones(2), torch.randn(2, 77, 768)
+    signature = forward_signature(forward)
+    plain, _ = bind_call(signature, (x, t, c), {})
+
+    def control(scale):
+        return {"input": [torch.randn(2, 320, 8, 8) * scale, None], "middle": [torch.randn(2, 320, 8, 8)],
+                "output": []}
+
+    with_control, _ = bind_call(signature, (x, t, c), {"control": control(1.0)})
+    stronger, _ = bind_call(signature, (x, t, c), {"control": control(0.5)})
+    a, b, again = FlatCall((), plain), FlatCall((), with_control), FlatCall((), stronger)
+    assert a.signature.id != b.signature.id
+    assert b.signature.id == again.signature.id
+    assert "control.input[0]" in b.tensor_paths and "control.middle[0]" in b.tensor_paths
+    assert ("control.input[1]", None) in b.signature.constants
+
+
+# -- structure ---------------------------------------------------------------------------
+
+def test_structure_ignores_the_flags_comfyui_sets_while_loading():
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Conv2d(4, 4, 1))
+    before, plain_before = comfy_structure_hash(module), structure_hash(module)
+    for sub in module:
+        sub.comfy_patched_weights = True
+        sub.prev_comfy_cast_weights = False
+    assert comfy_structure_hash(module) == before
+    assert structure_hash(module) != plain_before  # why ComfyForward hashes on its own
+    module[0].out_features = 5
+    assert comfy_structure_hash(module) != before
+
+
+def test_eager_path_is_the_callers_own_call():
+    module = torch.nn.Linear(4, 4)
+    registry = GraphRegistry()
+    compiled = ComfyForward(module, CompileOptions(compile_on_miss=False, label="linear"), registry,
+                            forward_fn=lambda m, x: m(x))
+    x = torch.randn(2, 4)
+    assert compiled.call(lambda: "the wrapper chain", x) == "the wrapper chain"
+    assert compiled.ran_eager and "compiling is off" in compiled.last_status
+    assert compiled.run_eager("patches", lambda: 7) == 7
+    assert [e.reason for e in registry.fallbacks][-1] == "linear: patches; running eager"
+    assert compiled.eager(x).shape == (2, 4)  # outside call(): the module's own forward
+
+
+# -- graphs folder --------------------------------------------------------------------------
+
+def test_graph_sets_round_trip(tmp_path):
+    path = write_graph_set(tmp_path, "my graphs!", ["UNetModel-abc/1", "TAESD-def/2", "UNetModel-abc/1"])
+    assert path.name == "my_graphs.json"
+    assert graph_set_entries(read_json(path)) == ["TAESD-def/2", "UNetModel-abc/1"]
+    assert set_file_name("sd15.json") == "sd15.json" and set_file_name("../x") == "x.json"
+    with pytest.raises(GraphSetError):
+        graph_set_entries({"format": "keepfast-graph", "graphs": []})
+    with pytest.raises(GraphSetError):
+        graph_set_entries({"format": "keepfast-graph-set", "format_version": 1, "graphs": 3})
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(GraphSetError, match="cannot read bad.json"):
+        read_json(tmp_path / "bad.json")
+
+
+def test_multi_root_store(tmp_path):
+    first, second = tmp_path / "models" / "graphs", tmp_path / "shared"
+    store = MultiRootStore([first, second], TrustList(tmp_path / "trust.json"))
+    assert store.root == first and store.roots == [first, second]
+    assert store.store_for(second / "UNetModel-abc" / "x.json")[1] == "UNetModel-abc/x.json"
+    assert store.store_for(first / "set.json")[0] is store
+    with pytest.raises(ValueError):
+        store.store_for(tmp_path / "elsewhere.json")
+    assert store.all_graphs() == []
+
+
+# -- shapes ------------------------------------------------------------------------------------
+
+def test_parsing_sizes_and_ranges():
+    assert parse_resolutions("512x512, 768X512;1024") == [(512, 512), (768, 512), (1024, 1024)]
+    assert parse_batch_sizes("1, 2 4") == [1, 2, 4]
+    for bad in ("512by512", "0x5"):
+        with pytest.raises(ValueError):
+            parse_resolutions(bad)
+    with pytest.raises(ValueError):
+        parse_batch_sizes("1, two")
+    shape_range = latent_range(64, 2048, 4)
+    assert shape_range.batch == (1, 8) and shape_range.spatial == (8, 256)
+
+
+# -- the pack's entry and workflows ---------------------------------------------------------------
+
+def test_pack_entry_imports_without_comfyui():
+    had_comfy = "comfy" in sys.modules
+    spec = importlib.util.spec_from_file_location("keepfast_pack_probe", REPO / "__init__.py",
+                                                  submodule_search_locations=[str(REPO)])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert callable(module.comfy_entrypoint) and module.WEB_DIRECTORY == "./web"
+    assert not hasattr(module, "NODE_CLASS_MAPPINGS")  # V3 only: ComfyUI would take V1 first
+    assert ("comfy" in sys.modules) == had_comfy
+
+
+WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
+
+
+def test_bundled_workflows_exist():
+    assert {p.stem for p in WORKFLOWS} == {
+        "keepfast_txt2img", "keepfast_multi_resolution_warmup", "keepfast_save_graph", "keepfast_load_graph",
+        "keepfast_lora", "keepfast_img2img"}
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_workflow_is_ui_format_and_consistent(path):
+    data = json.loads(path.read_text())
+    nodes = {node["id"]: node for node in data["nodes"]}
+    assert data["last_node_id"] >= max(nodes) and data["last_link_id"] >= max(link[0] for link in data["links"])
+    assert any(node["type"].startswith("KeepFast") for node in nodes.values())
+    for link_id, origin, slot, target, target_slot, kind in data["links"]:
+        assert link_id in (nodes[origin]["outputs"][slot]["links"] or [])
+        assert nodes[target]["inputs"][target_slot]["link"] == link_id
+    for node in nodes.values():
+        for entry in node.get("inputs", []):
+            if entry.get("link") is None:
+                assert entry.get("shape") == 7, f"required input {entry['name']} of {node['type']} is unconnected"

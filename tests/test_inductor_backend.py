@@ -1,0 +1,69 @@
+"""The `inductor` backend: torch.compile that neither recompiles nor silently goes eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compiler import CompileOptions, GraphRegistry, compile_module
+from compiler.tiny_models import tiny_unet
+from tests.support.inputs import TEXT_LENGTHS, UNET_SWEEP, unet_inputs
+
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def inductor_unet(test_range):
+    registry = GraphRegistry()
+    unet = tiny_unet(seed=0)
+    compiled = compile_module(unet, CompileOptions(backend="inductor", shape_range=test_range), registry)
+    args, kwargs = unet_inputs(*UNET_SWEEP[0])
+    with torch.no_grad():
+        unet(*args, **kwargs)  # the first call compiles (and covers the range's corners)
+    return unet, compiled, registry
+
+
+def _unique_graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def test_first_call_compiles_with_reasons(inductor_unet):
+    _, compiled, registry = inductor_unet
+    reasons = [e.reason for e in registry.compiles]
+    assert reasons and "first call" in reasons[0]
+    # On CPU, convolutions guard on batch > 1: the batch-1 corner gets its own graph now.
+    assert all("first call" in r or "range corner" in r for r in reasons), reasons
+    assert compiled.last_status == "compiled graph"
+
+
+def test_sweep_after_first_call_compiles_nothing(inductor_unet):
+    unet, compiled, registry = inductor_unet
+    compiles, graphs_before, fallbacks = len(registry.compiles), _unique_graphs(), len(registry.fallbacks)
+    worst = 0.0
+    with torch.no_grad():
+        for shape in UNET_SWEEP:
+            for length in TEXT_LENGTHS:
+                args, kwargs = unet_inputs(*shape, length=length)
+                out = unet(*args, **kwargs)[0]
+                ref = compiled.eager(*args, **kwargs)[0]
+                worst = max(worst, float((out - ref).abs().max()))
+    assert len(registry.compiles) == compiles
+    assert _unique_graphs() == graphs_before  # torch's own count of compiled graphs
+    assert len(registry.fallbacks) == fallbacks, [e.reason for e in registry.fallbacks]
+    assert worst < TOLERANCE
+
+
+def test_other_weights_and_in_place_changes_share_the_graphs(inductor_unet, test_range):
+    _, _, registry = inductor_unet
+    other = tiny_unet(seed=11)
+    compiled = compile_module(other, CompileOptions(backend="inductor", shape_range=test_range), registry)
+    compiles, graphs_before = len(registry.compiles), _unique_graphs()
+    args, kwargs = unet_inputs(2, 16, 16)
+    with torch.no_grad():
+        first = other(*args, **kwargs)[0]
+        assert float((first - compiled.eager(*args, **kwargs)[0]).abs().max()) < TOLERANCE
+        other.conv_in.weight.mul_(1.3)
+        second = other(*args, **kwargs)[0]
+        assert float((second - compiled.eager(*args, **kwargs)[0]).abs().max()) < TOLERANCE
+    assert float((second - first).abs().max()) > 1e-3
+    assert len(registry.compiles) == compiles and _unique_graphs() == graphs_before
