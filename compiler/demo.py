@@ -20,7 +20,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from .diffusers_api import compile_pipe, load_pipe, save_pipe, uncompile_module
+from .diffusers_api import compile_pipe, compiled_parts, load_pipe, save_pipe
 from .registry import default_registry
 from .shapes import ShapeRange
 from .tiny_models import prompt_embeds, tiny_sd_pipeline
@@ -43,17 +43,19 @@ def _generate(pipe, height: int, width: int, batch: int, steps: int) -> torch.Te
     return out.images
 
 
-def _step_time(unet, repeats: int = 5) -> float:
+def _step_times(compiled_unet, eager_unet, repeats: int = 7) -> Tuple[float, float]:
+    """Median UNet step of (compiled, eager), runs alternated so load affects both alike."""
     sample = torch.randn(2, 4, 24, 24)
     context = prompt_embeds(2)
     timestep = torch.tensor(500.0)
-    times = []
+    times: Dict[str, List[float]] = {"compiled": [], "eager": []}
     with torch.no_grad():
         for _ in range(repeats + 1):
-            started = time.perf_counter()
-            unet(sample, timestep, encoder_hidden_states=context, return_dict=False)
-            times.append(time.perf_counter() - started)
-    return statistics.median(times[1:])
+            for name, step in (("compiled", compiled_unet), ("eager", eager_unet)):
+                started = time.perf_counter()
+                step(sample, timestep, encoder_hidden_states=context, return_dict=False)
+                times[name].append(time.perf_counter() - started)
+    return statistics.median(times["compiled"][1:]), statistics.median(times["eager"][1:])
 
 
 def _sweep(pipe, steps: int) -> Dict[str, torch.Tensor]:
@@ -73,7 +75,6 @@ def run_demo(out: Path, steps: int = 4, load_check: bool = False) -> int:
     registry = default_registry()
     pipe = tiny_sd_pipeline(seed=0)
     print("1/5 eager reference images ...", flush=True)
-    eager_step = _step_time(pipe.unet)
     reference = _sweep(pipe, steps)
     from safetensors.torch import save_file
 
@@ -90,7 +91,7 @@ def run_demo(out: Path, steps: int = 4, load_check: bool = False) -> int:
     print(f"3/5 sweeping {len(SIZES)} resolutions x {len(BATCHES)} batch sizes ...", flush=True)
     compiled = _sweep(pipe, steps)
     compiles_after = len(registry.compiles) - compiles_first
-    compiled_step = _step_time(pipe.unet)
+    compiled_step, eager_step = _step_times(pipe.unet, compiled_parts(pipe)["unet"].eager)
 
     print("4/5 saving graphs ...", flush=True)
     report = save_pipe(pipe, graphs)
@@ -125,6 +126,8 @@ def run_demo(out: Path, steps: int = 4, load_check: bool = False) -> int:
         "saved": report.saved,
         "compile_reasons": [e.reason for e in registry.compiles],
         "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "load_average_1min": round(os.getloadavg()[0], 2),
     }
     (out / "report.json").write_text(json.dumps(result, indent=1))
     _print_table(result)
@@ -168,6 +171,7 @@ def _print_table(result: dict) -> None:
         ("compiled / eager step", round(result["compiled_step_s"] / result["eager_step_s"], 3)),
         ("max |image - eager|", f"{result['max_abs_diff_vs_eager']:.2e}"),
         ("max |loaded image - eager|", f"{result['max_abs_diff_loaded_vs_eager']:.2e}"),
+        ("machine load (1 min) / torch threads", f"{result['load_average_1min']} / {result['torch_threads']}"),
     ]
     width = max(len(r[0]) for r in rows)
     print()
