@@ -67,6 +67,7 @@ class CompiledForward:
         self.label = self.options.label or architecture_name(module)
         self._structure: Optional[Tuple[tuple, str]] = None
         self._settled: Dict[tuple, Tuple[int, str]] = {}
+        self._compile_failed: Dict[str, str] = {}  # family id -> why; not retried in this process
         self.last_status: str = "not run yet"
         self.eager_calls = 0
         self.graph_calls = 0
@@ -195,6 +196,8 @@ class CompiledForward:
             backend = get_backend(options.backend)
         except BackendUnavailable as error:
             return None, str(error)
+        if family.id in self._compile_failed:
+            return None, self._compile_failed[family.id] + " (not retried)"
         existing = self.registry.family_graphs(family)
         if len(existing) >= backend.max_graphs_per_family:
             return None, (f"{len(existing)} graphs already built for this input structure and none serves "
@@ -207,6 +210,7 @@ class CompiledForward:
             reason = "first call for this model, dtype and input structure"
         graph, error = self._compile(backend, family, call, reason, progress)
         if graph is None:
+            self._compile_failed[family.id] = error
             return None, error
         if options.cover_range and not backend.static_shapes:
             self._cover(backend, family, call, progress)
