@@ -155,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--trust", action="store_true", help="also trust it (it is native code)")
     imp.add_argument("--dtype", help="refuse a graph of another dtype")
     imp.set_defaults(run=_graphs_import)
+
+    from .bench import add_arguments as _bench_arguments, run_from_args as _bench_run
+
+    bench = commands.add_parser("bench", help="eager vs plain torch.compile vs KeepFast (see BENCHMARKS.md)")
+    _bench_arguments(bench)
+    bench.set_defaults(run=_bench_run)
     return parser
 
 

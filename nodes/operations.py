@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, List, Optional, Tuple
+from typing import Any, Iterable, List, Optional, Tuple
 
 from ..compiler import GraphRefused, StoreError
 from ..compiler.comfy_adapter import (
-    ComfyForward, GraphSetError, MultiRootStore, clamp, graph_set_entries, is_graph_set, read_json,
+    ComfyForward, GraphSetError, MultiRootStore, clamp, graph_set_entries, read_json,
     set_file_name, write_graph_set,
 )
 from ..compiler.manifest import MANIFEST_SUFFIX
 from ..compiler.registry import LOAD, REFUSED
-from ..compiler.store import GraphStore, StoredGraph
+from ..compiler.store import GraphStore
 from . import runtime, unet, vae as vae_side
 from .unet import Settings
 
@@ -22,7 +22,7 @@ DEFAULT_SIZE = 512
 
 
 class Report:
-    """Lines a node shows and logs; starts a clock to collect registry messages."""
+    """The lines a node shows, plus the registry's messages (compiles, loads, fallbacks) since it started."""
 
     def __init__(self, title: str):
         self.title = title
@@ -271,8 +271,11 @@ def load(model, vae, choice: str, compile_on_miss: bool, trust: bool, report: Re
         targets.append(("model", type(module).__name__, forward.structure(),
                         lambda signature, m=model_out: unet.family_here(m, signature)))
     if vae is not None:
+        vrunner = vae_side.runner_of(vae)
+        vae_settings = (Settings(**{**_settings_dict(vrunner), "compile_on_miss": compile_on_miss}) if vrunner
+                        else settings)
         try:
-            vae_out, vrunner = vae_side.speed_up(vae, Settings(compile_on_miss=compile_on_miss))
+            vae_out, vrunner = vae_side.speed_up(vae, vae_settings)
         except ValueError as error:
             report.add(f"VAE: {error}")
         else:
@@ -351,6 +354,10 @@ def _load_one(where: GraphStore, name: str, targets, trust: bool, report: Report
     target = next((t for t in targets if t[1] == family.architecture), targets[0])
     what, _, structure, family_here = target
     here = family_here(family.signature)
+    differences = family.differences(here)
+    if differences:  # checked before anything else: a graph in memory may still not fit this model
+        _refuse(f"{what}: graph {stored.name} does not fit this run: " + "; ".join(differences), report, family)
+        return
     if any(g.key.id == stored.manifest.graph_id for g in runtime.registry().graphs()):
         report.add(f"{what}: {stored.name} is already in memory")
         return

@@ -123,7 +123,6 @@ def _on_event(event: Event) -> None:
         _messages.append(data)
     if event.kind == COMPILE:
         log.info("[KeepFast] compiled in %.1f s: %s", event.seconds, event.reason)
-        _bars.pop(event.family, None)
     elif event.kind == LOAD:
         log.info("[KeepFast] %s (%.2f s)", event.reason, event.seconds)
     elif event.kind in (REFUSED, EVICT):
@@ -143,6 +142,8 @@ def _progress(event: Event) -> None:
         if bar is None:
             bar = _bars[event.family] = comfy.utils.ProgressBar(100)
         bar.update_absolute(int(round(100 * min(max(fraction, 0.0), 1.0))))
+        if fraction >= 1.0:
+            _bars.pop(event.family, None)
     except Exception:
         pass
 

@@ -11,14 +11,15 @@ replacements) always runs eagerly, with that reason. Wrappers inside ours
 (other packs') still run: the graph takes the place of the model's own
 forward at the end of their chain.
 
-An APPLY_MODEL wrapper notices a model type whose forward has no
-DIFFUSION_MODEL hook and says so instead of silently running uncompiled.
+An APPLY_MODEL wrapper notices when the diffusion model was not reached
+through the DIFFUSION_MODEL hook (a model type without it) and says so
+instead of silently running uncompiled.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -38,7 +39,7 @@ KEY = "keepfast"
 class Settings:
     """What a user chose on a node; turned into CompileOptions per module."""
 
-    min_size: int = 256
+    min_size: int = 64
     max_size: int = 2048
     max_batch: int = 4
     compile_on_miss: bool = True
@@ -96,8 +97,9 @@ class UnetRunner:
         if not self._hook_seen and not self._no_hook_reported:
             self._no_hook_reported = True
             model = getattr(executor.class_obj, "diffusion_model", None)
-            runtime.note("fallback", f"{type(model).__name__} has no diffusion-model wrapper hook in this "
-                                     "ComfyUI; it runs uncompiled")
+            runtime.note("fallback", f"{type(model).__name__} was not called through ComfyUI's diffusion-model "
+                                     "wrapper hook (a model type without the hook, or another pack's wrapper "
+                                     "answered instead); those calls ran uncompiled")
         return output
 
     def diffusion_model_wrapper(self, executor, *args, **kwargs):

@@ -12,7 +12,7 @@ submodules and weights, loaded and offloaded by the same patcher) whose
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 

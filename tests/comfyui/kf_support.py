@@ -56,7 +56,8 @@ CONTROLNET = "example_controlnet.safetensors"
 IMAGE = "example.png"
 
 SKIP_REASON = ("COMFYUI_PATH is not set: the ComfyUI integration tests need a ComfyUI checkout "
-               "(COMFYUI_PATH=/path/to/ComfyUI; run pytest with that ComfyUI's Python)")
+               "(COMFYUI_PATH=/path/to/ComfyUI; its Python is taken from COMFYUI_PYTHON, else from a virtualenv "
+               "at ComfyUI/venv, ComfyUI/.venv or ComfyUI-venv beside it)")
 
 
 def comfyui_available() -> bool:

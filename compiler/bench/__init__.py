@@ -1,0 +1,58 @@
+"""`python -m compiler bench --out DIR [--quick]`: eager vs plain torch.compile vs KeepFast.
+
+For an SD1.5-shaped UNet, an SDXL-shaped UNet and the VAE decoder (real
+diffusers configs, random weights; `--quick`: two-level, narrow versions), each
+configuration in its own process: steady-state step time, first call (cold
+compile) and restart-to-first-result with saved graphs, compiles over a
+sweep of 5 resolutions x 3 batch sizes, peak memory. With COMFYUI_PATH set,
+the same comparison end to end in a headless ComfyUI. Writes DIR/bench.json,
+DIR/bench.md and DIR/bench.png. See BENCHMARKS.md.
+
+Importing this package imports neither torch nor diffusers.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .models import MODELS
+from .models import VARIANTS as VARIANT_NAMES
+
+
+def _names(text: str, allowed) -> list:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in allowed]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown: {', '.join(unknown)}; choose from {', '.join(allowed)}")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="folder for bench.json, bench.md and bench.png")
+    parser.add_argument("--quick", action="store_true",
+                        help="two-level, narrow versions of the models (real block types and conditioning sizes): "
+                             "a smoke run that takes tens of minutes, not hours, on a small CPU")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (cuda[:N])")
+    parser.add_argument("--dtype", default=None, choices=("fp32", "fp16", "bf16"),
+                        help="weights and inputs (default: fp32 on CPU, fp16 on CUDA)")
+    parser.add_argument("--models", type=lambda t: _names(t, MODELS), default=list(MODELS),
+                        help=f"comma-separated subset of {','.join(MODELS)}")
+    parser.add_argument("--variants", type=lambda t: _names(t, VARIANT_NAMES), default=list(VARIANT_NAMES),
+                        help=f"comma-separated subset of {','.join(VARIANT_NAMES)}")
+    parser.add_argument("--reps", type=int, default=None, help="timed eager/compiled pairs per shape (default 5)")
+    parser.add_argument("--no-comfy", action="store_true", help="skip the ComfyUI part even with COMFYUI_PATH set")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, caches, graphs)")
+    parser.add_argument("--job-timeout", type=float, default=None, help="seconds per configuration")
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    from .runner import run_bench
+
+    dtype = args.dtype or ("fp16" if str(args.device).startswith("cuda") else "fp32")
+    return run_bench(Path(args.out), quick=args.quick, device=args.device, dtype=dtype, models=args.models,
+                     variants=args.variants, reps=args.reps, comfy=not args.no_comfy, keep=args.keep,
+                     job_timeout=args.job_timeout)
+
+
+__all__ = ["add_arguments", "run_from_args", "VARIANT_NAMES"]

@@ -1,0 +1,200 @@
+"""What the benchmark runs: model configs, input shapes and the declared range, per profile.
+
+Two profiles:
+- "full": the real diffusers configs of SD1.5's UNet, SDXL's UNet and the
+  SD VAE decoder (random weights), at latent sizes a CPU can sweep;
+- "quick": the same block types, attention placement and conditioning sizes
+  (768-wide text for SD1.5, 2048-wide text plus the pooled/time embeddings
+  for SDXL) at two levels and narrow widths, so a run takes tens of minutes,
+  not hours, on a small CPU: compile time follows depth, not width. Narrow
+  models are dominated by per-op overhead, so their compiled/eager ratios
+  are not those of the real widths.
+
+Imports torch and diffusers only inside functions (the CLI imports this
+module to build its parser).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+Shape = Tuple[int, int, int]  # (batch, latent height, latent width)
+
+MODELS = ("sd15", "sdxl", "vae")
+VARIANTS = ("eager", "torch_compile", "torch_compile_warm", "ours_inductor", "ours_aot_cold", "ours_aot_load")
+PROFILES = ("quick", "full")
+
+# The real configs (diffusers' config.json of each checkpoint, defaults left out).
+SD15_UNET = dict(
+    sample_size=64, in_channels=4, out_channels=4, cross_attention_dim=768, attention_head_dim=8,
+    block_out_channels=(320, 640, 1280, 1280), layers_per_block=2, norm_num_groups=32,
+    down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+)
+SDXL_UNET = dict(
+    sample_size=128, in_channels=4, out_channels=4, cross_attention_dim=2048, attention_head_dim=(5, 10, 20),
+    block_out_channels=(320, 640, 1280), layers_per_block=2, norm_num_groups=32,
+    transformer_layers_per_block=(1, 2, 10), use_linear_projection=True, upcast_attention=False,
+    addition_embed_type="text_time", addition_time_embed_dim=256, projection_class_embeddings_input_dim=2816,
+    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+    up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+)
+SD_VAE = dict(
+    in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+    norm_num_groups=32, sample_size=512,
+    down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+)
+
+# --quick: the same block types, attention placement and conditioning sizes, at two
+# levels and narrow widths. Compile time grows with the number of layers (each
+# becomes kernels to generate and build), hardly with their width: with the real
+# four levels one torch.compile of the SD1.5 layout took minutes on a 2-core CPU,
+# and the sweep recompiles it several times.
+QUICK_CHANGES = {
+    "sd15": dict(block_out_channels=(32, 64), layers_per_block=1,
+                 down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                 up_block_types=("UpBlock2D", "CrossAttnUpBlock2D")),
+    "sdxl": dict(block_out_channels=(32, 64), layers_per_block=1, attention_head_dim=(1, 2),
+                 transformer_layers_per_block=(1, 1),
+                 down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+                 up_block_types=("CrossAttnUpBlock2D", "UpBlock2D")),
+    "vae": dict(block_out_channels=(32, 64), layers_per_block=1, down_block_types=("DownEncoderBlock2D",) * 2,
+                up_block_types=("UpDecoderBlock2D",) * 2),
+}
+
+SEQUENCE = 77  # one CLIP chunk; the prompt length is not what this benchmark sweeps
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    title: str
+    kind: str  # "unet" or "vae_decoder"
+    config: Dict[str, Any]
+    changes: Dict[str, Any]
+    sweep_sizes: List[Tuple[int, int]]  # 5 latent (height, width)
+    sweep_batches: List[int]  # 3 batch sizes
+    steady_shapes: List[Shape]
+    range_batch: Tuple[int, int]
+    range_spatial: Tuple[int, int]
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def base_shape(self) -> Shape:
+        """The first call's shape (the cold compile is timed on it)."""
+        return self.steady_shapes[0]
+
+    def sweep(self) -> List[Shape]:
+        return [(b, h, w) for (h, w) in self.sweep_sizes for b in self.sweep_batches]
+
+    def shape_range(self):
+        from ..shapes import ShapeRange
+
+        return ShapeRange(batch=self.range_batch, spatial=self.range_spatial, sequence=(1, SEQUENCE))
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name, "title": self.title, "kind": self.kind,
+            "config": {k: list(v) if isinstance(v, tuple) else v for k, v in self.config.items()},
+            "changed_from_real_config": {k: list(v) if isinstance(v, tuple) else v for k, v in self.changes.items()},
+            "sweep_sizes": [list(s) for s in self.sweep_sizes], "sweep_batches": list(self.sweep_batches),
+            "steady_shapes": [list(s) for s in self.steady_shapes],
+            "declared_range": {"batch": list(self.range_batch), "spatial": list(self.range_spatial),
+                               "sequence": [1, SEQUENCE]},
+            "notes": list(self.notes),
+        }
+
+    # -- building -----------------------------------------------------------------
+    def build(self, seed: int = 0):
+        """The module the benchmark calls: the UNet, or the VAE's decoder."""
+        import torch
+
+        torch.manual_seed(seed)
+        if self.kind == "unet":
+            from diffusers import UNet2DConditionModel
+
+            return UNet2DConditionModel(**self.config).eval()
+        from diffusers import AutoencoderKL
+
+        return AutoencoderKL(**self.config).decoder.eval()
+
+    def inputs(self, shape: Shape, device: str, dtype, seed: int = 0) -> Tuple[tuple, dict]:
+        import torch
+
+        batch, height, width = shape
+        generator = torch.Generator().manual_seed(seed + batch * 1000 + height * 10 + width)
+
+        def randn(*size):
+            return torch.randn(*size, generator=generator).to(device=device, dtype=dtype)
+
+        if self.kind == "vae_decoder":
+            return (randn(batch, self.config["latent_channels"], height, width),), {}
+        kwargs = {"encoder_hidden_states": randn(batch, SEQUENCE, self.config["cross_attention_dim"]),
+                  "return_dict": False}
+        if self.config.get("addition_embed_type") == "text_time":
+            time_dim = self.config["addition_time_embed_dim"]
+            text_dim = self.config["projection_class_embeddings_input_dim"] - 6 * time_dim
+            kwargs["added_cond_kwargs"] = {"text_embeds": randn(batch, text_dim), "time_ids": randn(batch, 6)}
+        timestep = torch.tensor(500.0, device=device)
+        return (randn(batch, self.config["in_channels"], height, width), timestep), kwargs
+
+
+def _sizes(small: int, mid: int, large: int, step: int) -> List[Tuple[int, int]]:
+    """Five latent sizes: three squares and two non-square ones."""
+    return [(small, small), (mid, mid), (large, large), (mid, large), (large, mid - step)]
+
+
+def spec(name: str, profile: str, device: str = "cpu") -> ModelSpec:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; models: {', '.join(MODELS)}")
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}")
+    quick = profile == "quick"
+    gpu = device.startswith("cuda") and not quick
+    changes = dict(QUICK_CHANGES[name]) if quick else {}
+    batches = [1, 2, 4]
+    if name == "sd15":
+        config = {**SD15_UNET, **changes}
+        if gpu:  # 512-768 px images, the sizes SD1.5 is used at
+            sizes, steady, spatial = _sizes(64, 80, 96, 16), [(2, 64, 64), (2, 96, 96)], (64, 128)
+        elif quick:
+            sizes, steady, spatial = _sizes(16, 24, 32, 8), [(2, 32, 32), (1, 24, 24), (4, 16, 16)], (16, 32)
+        else:
+            sizes, steady, spatial = _sizes(32, 40, 48, 8), [(2, 32, 32), (1, 48, 48)], (32, 64)
+        title = "SD1.5-shaped UNet"
+    elif name == "sdxl":
+        config = {**SDXL_UNET, **changes}
+        if gpu:  # 768-1024 px; the steady shape is 1024x1024 with classifier-free guidance
+            sizes, steady, spatial = _sizes(96, 112, 128, 16), [(2, 128, 128)], (64, 160)
+        elif quick:
+            sizes, steady, spatial = _sizes(16, 24, 32, 8), [(2, 32, 32), (1, 24, 24)], (16, 32)
+        else:
+            sizes, steady, spatial = _sizes(32, 40, 48, 8), [(2, 32, 32)], (32, 64)
+        title = "SDXL-shaped UNet"
+    else:
+        config = {**SD_VAE, **changes}
+        if gpu:
+            sizes, steady, spatial = _sizes(64, 96, 128, 32), [(1, 128, 128)], (32, 160)
+        elif quick:
+            sizes, steady, spatial = _sizes(16, 24, 32, 8), [(1, 32, 32), (2, 24, 24)], (16, 32)
+        else:
+            sizes, steady, spatial = _sizes(16, 24, 32, 8), [(1, 32, 32)], (16, 64)
+        title = "VAE decoder (SD/SDXL layout)"
+    notes = []
+    if quick:
+        notes.append("--quick: the real block types and conditioning sizes at two levels and narrow widths "
+                     "(changed_from_real_config); per-op overhead weighs more than at real widths")
+    return ModelSpec(name=name, title=title, kind="vae_decoder" if name == "vae" else "unet", config=config,
+                     changes=changes, sweep_sizes=sizes, sweep_batches=batches, steady_shapes=steady,
+                     range_batch=(1, max(batches)), range_spatial=spatial, notes=notes)
+
+
+def parameter_count(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def dtype_from_flag(flag: str):
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[flag]

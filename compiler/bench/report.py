@@ -1,0 +1,399 @@
+"""Turn the per-process results into bench.json, bench.md and bench.png.
+
+Pure functions of the job results (no torch), so the format is testable
+without running a benchmark.
+
+Ratios are "how many times faster": above 1 means the variant named first is
+faster. Steady-state ratios against eager use the eager calls timed in the
+same process, alternating with the compiled ones, so load on the machine
+that drifts between processes cancels; "vs torch.compile" divides two such
+ratios.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional
+
+HEADLINE_MODEL = "sd15"
+HEADLINE_OURS = "ours_aot_load"  # the default backend, as a user runs it after graphs are saved
+COMPILED = ("torch_compile", "ours_inductor", "ours_aot_load")
+OURS = ("ours_inductor", "ours_aot_cold", "ours_aot_load")
+LABELS = {
+    "eager": "eager",
+    "torch_compile": "torch.compile (as TorchCompileModel)",
+    "torch_compile_warm": "torch.compile, restart with its warm Inductor cache",
+    "ours_inductor": "ours, inductor backend",
+    "ours_aot_cold": "ours, aot backend, cold compile",
+    "ours_aot_load": "ours, aot backend, loaded from disk in a fresh process",
+}
+SHORT = {"torch_compile": "torch.compile", "ours_inductor": "ours (inductor)", "ours_aot_cold": "ours (aot, cold)",
+         "ours_aot_load": "ours (aot, loaded)"}
+TARGETS = {
+    "steady_ratio_vs_torch_compile": ("steady state at least as fast as plain torch.compile (SD1.5-shaped UNet)",
+                                      ">=", 1.0),
+    "steady_ratio_vs_eager": ("steady state at least 1.2x eager (SD1.5-shaped UNet)", ">=", 1.2),
+    "restart_vs_cold_compile_ratio": ("restart-to-first-result with saved graphs at most 10% of plain "
+                                      "torch.compile's cold compile (SD1.5-shaped UNet)", "<=", 0.10),
+    "sweep_compiles_ours_all": ("zero compiles over the sweep after the declared range is compiled "
+                                "(every model, every one of our variants)", "==", 0),
+}
+
+
+def geomean(values: Iterable[float]) -> Optional[float]:
+    values = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    if not values:
+        return None
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def _ok(job: Optional[dict]) -> bool:
+    return bool(job) and "error" not in job and "skipped" not in job
+
+
+def _round(value, digits: int = 4):
+    if value is None:
+        return None
+    if isinstance(value, float):
+        return round(value, digits) if math.isfinite(value) else None
+    return value
+
+
+def model_summary(name: str, jobs: Dict[str, dict], spec: Optional[dict] = None) -> Dict[str, Any]:
+    """Everything the tables show for one model, from its jobs by variant."""
+    ok = {variant: job for variant, job in jobs.items() if _ok(job)}
+    out: Dict[str, Any] = {"model": name, "spec": spec or {}, "variants_run": sorted(ok),
+                           "variants_failed": {v: (j.get("error") or j.get("skipped")) for v, j in jobs.items()
+                                               if not _ok(j)}}
+    params = next((j.get("parameters") for j in ok.values() if j.get("parameters")), None)
+    out["parameters_m"] = _round(params / 1e6, 2) if params else None
+
+    # -- steady state
+    shapes: List[str] = []
+    for variant in COMPILED:
+        for key in (ok.get(variant, {}).get("steady") or {}):
+            if key not in shapes:
+                shapes.append(key)
+    steady: Dict[str, Any] = {}
+    for key in shapes:
+        row: Dict[str, Any] = {"eager_s": None}
+        eagers = []
+        for variant in COMPILED:
+            cell = (ok.get(variant, {}).get("steady") or {}).get(key)
+            if not cell:
+                continue
+            eagers.append(cell["eager_median_s"])
+            row[f"{variant}_s"] = cell["compiled_median_s"]
+            row[f"{variant}_eager_s"] = cell["eager_median_s"]
+            row[f"{variant}_vs_eager"] = cell["eager_median_s"] / cell["compiled_median_s"]
+            row[f"{variant}_compiles_during"] = cell.get("compiles_during", 0)
+        row["eager_s"] = statistics.median(eagers) if eagers else None
+        for variant in OURS:
+            if f"{variant}_vs_eager" in row and "torch_compile_vs_eager" in row:
+                row[f"{variant}_vs_torch_compile"] = row[f"{variant}_vs_eager"] / row["torch_compile_vs_eager"]
+        steady[key] = {k: _round(v, 5) for k, v in row.items()}
+    out["steady"] = steady
+    static = (ok.get("torch_compile", {}).get("steady_static") or {})
+    out["torch_compile_static"] = {
+        key: {"eager_s": _round(c["eager_median_s"], 5), "compiled_s": _round(c["compiled_median_s"], 5),
+              "vs_eager": _round(c["eager_median_s"] / c["compiled_median_s"])}
+        for key, c in static.items()
+    }
+    ratios = {}
+    for variant in COMPILED:
+        value = geomean(row.get(f"{variant}_vs_eager") for row in steady.values())
+        ratios[variant] = {"vs_eager": _round(value)}
+        if variant != "torch_compile":
+            ratios[variant]["vs_torch_compile"] = _round(
+                geomean(row.get(f"{variant}_vs_torch_compile") for row in steady.values()))
+    out["steady_ratios"] = ratios
+
+    # -- first call / restart
+    first = {variant: _round(job.get("first_call_s"), 3) for variant, job in ok.items()}
+    out["first_call_s"] = first
+    out["first_call_compiles"] = {variant: job.get("first_call_compiles") for variant, job in ok.items()}
+    out["process_to_first_result_s"] = {variant: _round(job.get("process_to_first_result_s"), 3)
+                                        for variant, job in ok.items() if job.get("process_to_first_result_s")}
+    cold = first.get("torch_compile")
+    restart = first.get("ours_aot_load")
+    out["restart_vs_cold_compile_ratio"] = _round(restart / cold) if cold and restart is not None else None
+    warm = first.get("torch_compile_warm")
+    out["torch_compile_warm_restart_vs_cold_ratio"] = _round(warm / cold) if cold and warm is not None else None
+    process = out["process_to_first_result_s"]
+    if process.get("ours_aot_load") and process.get("torch_compile"):
+        out["process_restart_vs_cold_ratio"] = _round(process["ours_aot_load"] / process["torch_compile"])
+    out["ours_aot_loads_on_first_call"] = ok.get("ours_aot_load", {}).get("first_call_loads")
+
+    # -- sweep
+    out["sweep_compiles"] = {variant: job.get("sweep_compiles") for variant, job in ok.items() if "sweep" in job}
+    out["sweep_wall_s"] = {variant: _round(job.get("sweep_wall_s"), 2) for variant, job in ok.items() if "sweep" in job}
+    out["sweep_shapes"] = len(next((j["sweep"] for j in ok.values() if j.get("sweep")), []))
+    tc = ok.get("torch_compile", {})
+    out["torch_compile_graphs_total"] = tc.get("compiles_total")
+    out["torch_compile_recompile_limit_hit"] = tc.get("recompile_limit_hit") or []
+    out["ours_fallbacks"] = {variant: ok[variant].get("fallbacks") for variant in OURS if variant in ok}
+    out["graphs_saved"] = ok.get("ours_aot_cold", {}).get("graphs_saved")
+    out["graphs_saved_mb"] = _round(ok.get("ours_aot_cold", {}).get("graphs_saved_mb"), 2)
+
+    # -- memory
+    out["peak_rss_mb"] = {variant: _round(job.get("peak_rss_mb"), 1) for variant, job in ok.items()}
+    cuda = {variant: _round(job.get("cuda_max_memory_allocated_mb"), 1) for variant, job in ok.items()
+            if job.get("cuda_max_memory_allocated_mb") is not None}
+    if cuda:
+        out["cuda_max_memory_allocated_mb"] = cuda
+    return out
+
+
+def _check(value, op: str, bound) -> Optional[bool]:
+    if value is None:
+        return None
+    return {">=": value >= bound, "<=": value <= bound, "==": value == bound}[op]
+
+
+def summarise(jobs: List[dict], meta: Dict[str, Any], specs: Optional[Dict[str, dict]] = None,
+              comfy: Optional[dict] = None) -> Dict[str, Any]:
+    """bench.json's content: headline ratios, targets, per-model summaries, raw job results."""
+    by_model: Dict[str, Dict[str, dict]] = {}
+    for job in jobs:
+        by_model.setdefault(job.get("model", "?"), {})[job.get("variant", "?")] = job
+    models = {name: model_summary(name, variants, (specs or {}).get(name)) for name, variants in by_model.items()}
+    headline = HEADLINE_MODEL if HEADLINE_MODEL in models else next(iter(models), None)
+    head = models.get(headline, {}) if headline else {}
+    ours = (head.get("steady_ratios") or {}).get(HEADLINE_OURS, {})
+    sweeps_ours = {name: {v: m["sweep_compiles"].get(v) for v in OURS if m["sweep_compiles"].get(v) is not None}
+                   for name, m in models.items()}
+    all_ours = [n for per in sweeps_ours.values() for n in per.values()]
+    summary: Dict[str, Any] = {
+        **meta,
+        "headline_model": headline,
+        "headline_ours_variant": HEADLINE_OURS,
+        "steady_ratio_vs_eager": ours.get("vs_eager"),
+        "steady_ratio_vs_torch_compile": ours.get("vs_torch_compile"),
+        "steady_ratio_vs_eager_torch_compile": (head.get("steady_ratios") or {}).get("torch_compile", {}).get("vs_eager"),
+        "steady_ratio_vs_eager_ours_inductor": (head.get("steady_ratios") or {}).get("ours_inductor", {}).get("vs_eager"),
+        "restart_vs_cold_compile_ratio": head.get("restart_vs_cold_compile_ratio"),
+        "cold_compile_torch_compile_s": (head.get("first_call_s") or {}).get("torch_compile"),
+        "restart_first_result_ours_s": (head.get("first_call_s") or {}).get("ours_aot_load"),
+        "cold_compile_ours_aot_s": (head.get("first_call_s") or {}).get("ours_aot_cold"),
+        "sweep_compiles_ours": (head.get("sweep_compiles") or {}).get("ours_aot_cold"),
+        "sweep_compiles_torch_compile": (head.get("sweep_compiles") or {}).get("torch_compile"),
+        "sweep_compiles_ours_by_model": sweeps_ours,
+        "sweep_compiles_ours_all": sum(all_ours) if all_ours else None,
+        "sweep_compiles_torch_compile_by_model": {name: m["sweep_compiles"].get("torch_compile")
+                                                  for name, m in models.items()},
+    }
+    summary["targets"] = {}
+    for key, (text, op, bound) in TARGETS.items():
+        value = summary.get(key)
+        summary["targets"][key] = {"target": text, "rule": f"{op} {bound}", "value": value,
+                                   "met": _check(value, op, bound)}
+    summary["models"] = models
+    summary["comfyui"] = comfy or {"run": False, "why": "not requested"}
+    summary["jobs"] = jobs
+    return summary
+
+
+# -- markdown ---------------------------------------------------------------------
+
+def _fmt(value, digits: int = 3, suffix: str = "") -> str:
+    if value is None:
+        return "not run"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value != 0 and abs(value) < 10 ** -digits:
+            return f"{value:.2e}{suffix}"
+        return f"{value:.{digits}f}{suffix}"
+    return f"{value}{suffix}"
+
+
+def _ratio(value) -> str:
+    return "not run" if value is None else f"{value:.2f}x"
+
+
+def markdown(summary: Dict[str, Any]) -> str:
+    lines: List[str] = []
+    add = lines.append
+    add("# KeepFast benchmark: eager vs plain torch.compile vs KeepFast")
+    add("")
+    add(f"- profile: **{summary.get('profile', '?')}** — {summary.get('profile_text', '')}")
+    add(f"- device: {summary.get('device', '?')}, dtype {summary.get('dtype', '?')}, torch {summary.get('torch', '?')}, "
+        f"{summary.get('cpu_count', '?')} CPUs ({summary.get('cpu_model', '?')})")
+    add(f"- machine load (1/5/15 min): at start {summary.get('loadavg_start')}, at end {summary.get('loadavg_end')}; "
+        f"`uptime` at start: `{summary.get('uptime_start', '')}`")
+    add(f"- started {summary.get('started', '?')}, took {_fmt(summary.get('duration_s'), 0, ' s')}")
+    add("- ratios are \"times faster\" (above 1: the first-named is faster); steady state is the median of "
+        "alternating eager/compiled calls in the same process")
+    add("")
+    add(f"## Targets ({summary.get('headline_model')}; ours = {summary.get('headline_ours_variant')})")
+    add("")
+    add("| target | value | status |")
+    add("|---|---|---|")
+    for key, target in (summary.get("targets") or {}).items():
+        met = target.get("met")
+        status = "not measured" if met is None else ("met" if met else "NOT met")
+        add(f"| {target['target']} (`{key}` {target['rule']}) | {_fmt(target.get('value'), 3)} | {status} |")
+    add("")
+    for name, model in (summary.get("models") or {}).items():
+        spec = model.get("spec") or {}
+        add(f"## {spec.get('title', name)} (`{name}`, {_fmt(model.get('parameters_m'), 1)}M parameters)")
+        add("")
+        if spec.get("changed_from_real_config"):
+            add(f"Scaled down from the real config: `{json.dumps(spec['changed_from_real_config'])}`.")
+            add("")
+        if model.get("variants_failed"):
+            for variant, why in model["variants_failed"].items():
+                add(f"- {variant}: not run or failed: {str(why).splitlines()[0][:300]}")
+            add("")
+        add("Steady state, seconds per call (ratio = times faster):")
+        add("")
+        add("| batch x h x w (latent) | eager | torch.compile | ours inductor | ours aot (loaded) "
+            "| torch.compile vs eager | ours aot vs eager | ours aot vs torch.compile | ours inductor vs torch.compile |")
+        add("|---|---|---|---|---|---|---|---|---|")
+        for key, row in (model.get("steady") or {}).items():
+            add(f"| {key} | {_fmt(row.get('eager_s'), 4)} | {_fmt(row.get('torch_compile_s'), 4)} "
+                f"| {_fmt(row.get('ours_inductor_s'), 4)} | {_fmt(row.get('ours_aot_load_s'), 4)} "
+                f"| {_ratio(row.get('torch_compile_vs_eager'))} | {_ratio(row.get('ours_aot_load_vs_eager'))} "
+                f"| {_ratio(row.get('ours_aot_load_vs_torch_compile'))} "
+                f"| {_ratio(row.get('ours_inductor_vs_torch_compile'))} |")
+        ratios = model.get("steady_ratios") or {}
+        add(f"| geometric mean | | | | | {_ratio(ratios.get('torch_compile', {}).get('vs_eager'))} "
+            f"| {_ratio(ratios.get('ours_aot_load', {}).get('vs_eager'))} "
+            f"| {_ratio(ratios.get('ours_aot_load', {}).get('vs_torch_compile'))} "
+            f"| {_ratio(ratios.get('ours_inductor', {}).get('vs_torch_compile'))} |")
+        for key, cell in (model.get("torch_compile_static") or {}).items():
+            add("")
+            add(f"torch.compile before any other shape (graph specialised to {key}): {_fmt(cell['compiled_s'], 4)} s "
+                f"vs eager {_fmt(cell['eager_s'], 4)} s ({_ratio(cell['vs_eager'])}).")
+        add("")
+        add("First call (after the model is built) and restart:")
+        add("")
+        add("| | first call, s | compiles in it | process start to first result, s |")
+        add("|---|---|---|---|")
+        first, compiles, process = model.get("first_call_s") or {}, model.get("first_call_compiles") or {}, \
+            model.get("process_to_first_result_s") or {}
+        for variant in ("eager", "torch_compile", "torch_compile_warm", "ours_inductor", "ours_aot_cold",
+                        "ours_aot_load"):
+            if variant in first:
+                add(f"| {LABELS[variant]} | {_fmt(first[variant], 2)} | {_fmt(compiles.get(variant))} "
+                    f"| {_fmt(process.get(variant), 2)} |")
+        add("")
+        add(f"Restart with saved graphs / torch.compile cold compile: **{_fmt(model.get('restart_vs_cold_compile_ratio'), 3)}** "
+            f"(torch.compile's own warm-cache restart / its cold compile: "
+            f"{_fmt(model.get('torch_compile_warm_restart_vs_cold_ratio'), 3)}). "
+            f"Graphs saved: {_fmt(model.get('graphs_saved'))} ({_fmt(model.get('graphs_saved_mb'), 2)} MB, no weights).")
+        add("")
+        add(f"Sweep over {model.get('sweep_shapes')} shapes (5 resolutions x 3 batch sizes), one call each, after the "
+            "first call:")
+        add("")
+        add("| | compiles in the sweep | sweep wall time, s | peak RSS of the process, MB |")
+        add("|---|---|---|---|")
+        rss = model.get("peak_rss_mb") or {}
+        for variant in ("eager", "torch_compile", "ours_inductor", "ours_aot_cold", "ours_aot_load"):
+            if variant in (model.get("sweep_compiles") or {}):
+                add(f"| {LABELS[variant]} | {_fmt(model['sweep_compiles'][variant])} "
+                    f"| {_fmt(model['sweep_wall_s'].get(variant), 1)} | {_fmt(rss.get(variant), 0)} |")
+        if "torch_compile_warm" in rss:
+            add(f"| {LABELS['torch_compile_warm']} (first call only) | | | {_fmt(rss['torch_compile_warm'], 0)} |")
+        if model.get("cuda_max_memory_allocated_mb"):
+            add("")
+            add("CUDA max memory allocated (MB): " + ", ".join(
+                f"{v} {m}" for v, m in model["cuda_max_memory_allocated_mb"].items()))
+        if model.get("torch_compile_recompile_limit_hit"):
+            add("")
+            add("torch.compile hit its recompile limit (later shapes ran eager, silently): "
+                + "; ".join(model["torch_compile_recompile_limit_hit"][:2]))
+        add("")
+    add(comfy_markdown(summary.get("comfyui") or {}))
+    return "\n".join(lines) + "\n"
+
+
+def comfy_markdown(comfy: Dict[str, Any]) -> str:
+    lines = ["## ComfyUI end to end", ""]
+    if not comfy.get("run"):
+        lines.append(f"Not run: {comfy.get('why', 'not requested')}")
+        return "\n".join(lines) + "\n"
+    lines.append(comfy.get("description", ""))
+    lines.append("")
+    lines.append("| mode | server start to first image, s | first prompt, s | sweep wall, s | compiles (whole run) "
+                 "| steady it/s | peak RSS, MB | notes |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for mode in comfy.get("modes", []):
+        lines.append(
+            f"| {mode.get('label', mode.get('mode'))} | {_fmt(mode.get('start_to_first_image_s'), 1)} "
+            f"| {_fmt(mode.get('first_prompt_s'), 1)} | {_fmt(mode.get('sweep_wall_s'), 1)} "
+            f"| {_fmt(mode.get('compiles'))} | {_fmt(mode.get('steady_it_s'), 2)} "
+            f"| {_fmt(mode.get('peak_rss_mb'), 0)} | {mode.get('error') or mode.get('note') or ''} |")
+    return "\n".join(lines) + "\n"
+
+
+# -- chart ------------------------------------------------------------------------
+
+def chart(summary: Dict[str, Any], path: Path) -> Optional[str]:
+    """bench.png; returns why not when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        return f"matplotlib is not installed ({error}); pip install matplotlib"
+    models = summary.get("models") or {}
+    names = list(models)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    width = 0.25
+
+    ax = axes[0]
+    for index, variant in enumerate(COMPILED):
+        values = [(models[n].get("steady_ratios") or {}).get(variant, {}).get("vs_eager") or 0 for n in names]
+        bars = ax.bar([i + (index - 1) * width for i in range(len(names))], values, width, label=SHORT[variant])
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(1.2, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_title("steady state: times faster than eager")
+    ax.legend(fontsize=7)
+
+    ax = axes[1]
+    variants = [("torch_compile", "torch.compile cold"), ("torch_compile_warm", "torch.compile warm cache"),
+                ("ours_aot_cold", "ours cold (range)"), ("ours_aot_load", "ours restart (load)")]
+    step = 1 / (len(variants) + 1)
+    for index, (variant, label) in enumerate(variants):
+        values = [(models[n].get("first_call_s") or {}).get(variant) or 0 for n in names]
+        bars = ax.bar([i + (index - 1.5) * step for i in range(len(names))], values, step, label=label)
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_title("first call after the model is built (s)")
+    ax.legend(fontsize=7)
+
+    ax = axes[2]
+    for index, variant in enumerate(("torch_compile", "ours_aot_cold", "ours_aot_load")):
+        values = [(models[n].get("sweep_compiles") or {}).get(variant) or 0 for n in names]
+        bars = ax.bar([i + (index - 1) * width for i in range(len(names))], values, width, label=SHORT[variant])
+        ax.bar_label(bars, fmt="%d", fontsize=7)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_title("compiles over the 5x3 sweep (after the first call)")
+    ax.legend(fontsize=7)
+
+    fig.suptitle(f"KeepFast bench ({summary.get('profile')}, {summary.get('device')} {summary.get('dtype')}, "
+                 f"load avg {summary.get('loadavg_start')})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return None
+
+
+def write_all(out: Path, summary: Dict[str, Any]) -> Dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "bench.json", "md": out / "bench.md", "png": out / "bench.png"}
+    why = chart(summary, paths["png"])
+    if why:
+        summary["chart"] = why
+        paths.pop("png")
+    paths["json"].write_text(json.dumps(summary, indent=1, default=str))
+    paths["md"].write_text(markdown(summary))
+    return paths

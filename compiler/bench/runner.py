@@ -1,0 +1,182 @@
+"""Run every benchmark configuration, each in its own process, then write the report.
+
+Each (model, variant) runs in a fresh Python process (compile caches and
+memory peaks do not leak between them) with its own empty Inductor cache
+folder, so a cold compile is cold. Two exceptions, on purpose:
+`torch_compile_warm` reuses `torch_compile`'s cache folder (torch.compile's
+own restart), and `ours_aot_load` reads the graphs `ours_aot_cold` saved.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from . import models as M
+from . import report
+from .models import VARIANTS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_job(job: Dict[str, Any], work: Path, env: Dict[str, str], timeout: float) -> Dict[str, Any]:
+    """Run one configuration in a fresh process; returns its result (or the error)."""
+    tag = f"{job['model']}-{job['variant']}"
+    job_path, result_path, log_path = work / f"{tag}.job.json", work / f"{tag}.result.json", work / f"{tag}.log"
+    job_path.write_text(json.dumps(job))
+    result_path.unlink(missing_ok=True)
+    spawned = time.time()
+    with open(log_path, "w") as log:
+        try:
+            process = subprocess.run([sys.executable, "-m", "compiler.bench.worker", str(job_path), str(result_path)],
+                                     cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+            code = process.returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    wall = time.time() - spawned
+    if result_path.exists():
+        result = json.loads(result_path.read_text())
+    else:
+        why = f"timed out after {timeout:.0f} s" if code is None else f"exited with {code}"
+        result = {"variant": job["variant"], "model": job["model"], "error": f"{why}: {_tail(log_path, 15)}"}
+    if code is None and "error" not in result:
+        result["error"] = f"timed out after {timeout:.0f} s"
+    result["process_wall_s"] = wall
+    if result.get("first_result_at"):
+        result["process_to_first_result_s"] = result["first_result_at"] - spawned
+    result["job"] = {k: v for k, v in job.items() if k not in ("graphs_dir",)}
+    result["cache_dir_fresh"] = job.get("cache_fresh", True)
+    return result
+
+
+def _line(result: Dict[str, Any]) -> str:
+    head = f"  {result.get('model')}/{result.get('variant')}: "
+    if "error" in result:
+        return head + "FAILED: " + str(result["error"]).splitlines()[0][:200]
+    if "skipped" in result:
+        return head + "skipped: " + result["skipped"]
+    parts = [f"first call {result.get('first_call_s', 0):.2f} s ({result.get('first_call_compiles', 0)} compiles)"]
+    if "sweep_compiles" in result:
+        parts.append(f"sweep {result['sweep_wall_s']:.1f} s, {result['sweep_compiles']} compiles")
+    for key, cell in (result.get("steady") or {}).items():
+        parts.append(f"{key}: eager {cell['eager_median_s']:.4f} s / compiled {cell['compiled_median_s']:.4f} s")
+    parts.append(f"peak RSS {result.get('peak_rss_mb', 0):.0f} MB, process {result.get('process_wall_s', 0):.0f} s")
+    return head + "; ".join(parts)
+
+
+def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str = "fp32",
+              models: Sequence[str] = M.MODELS, variants: Sequence[str] = VARIANTS, reps: Optional[int] = None,
+              comfy: bool = True, keep: bool = False, job_timeout: Optional[float] = None) -> int:
+    profile = "quick" if quick else "full"
+    reps = reps or (5 if quick else 5)
+    job_timeout = job_timeout or (1800.0 if quick else 7200.0)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="keepfast-bench-"))
+    started = time.time()
+    import torch  # only for the version and device checks; the work runs in subprocesses
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"--device {device}: CUDA is not available to this torch ({torch.__version__})", file=sys.stderr)
+        return 2
+    specs = {name: M.spec(name, profile, device) for name in models}
+    profile_text = ("--quick: the real block types and conditioning sizes at two levels and narrow widths (see "
+                    "each model's 'changed_from_real_config'), a smoke run, not the real models' numbers" if quick else
+                    "the real diffusers configs (SD1.5 UNet, SDXL UNet, SD VAE decoder), random weights")
+    meta: Dict[str, Any] = {
+        "profile": profile, "quick": quick, "profile_text": profile_text, "device": device, "dtype": dtype,
+        "torch": torch.__version__, "python": platform.python_version(), "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(), "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
+        "threads": torch.get_num_threads(), "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "uptime_start": _uptime(), "started": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(started)),
+        "reps": reps, "command": " ".join(sys.argv),
+    }
+    print(f"KeepFast bench: profile {profile} ({profile_text}); device {device} {dtype}; torch {torch.__version__}; "
+          f"load {meta['loadavg_start']}; work folder {work}", flush=True)
+    base_env = {**os.environ, "KEEPFAST_TRUST_FILE": str(work / "trusted.json"), "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    jobs: List[Dict[str, Any]] = []
+    for name in models:
+        spec = specs[name]
+        print(f"{spec.title} ({name}): sweep {len(spec.sweep())} shapes, steady {spec.steady_shapes}, "
+              f"declared range batch {spec.range_batch} latent {spec.range_spatial}", flush=True)
+        done: Dict[str, Dict[str, Any]] = {}
+        for variant in variants:
+            cache = work / f"{name}-cache-{'torch_compile' if variant.startswith('torch_compile') else variant}"
+            job = {"model": name, "variant": variant, "profile": profile, "device": device, "dtype": dtype,
+                   "reps": reps, "graphs_dir": str(work / f"{name}-graphs"),
+                   "cache_fresh": variant != "torch_compile_warm"}
+            needs = {"torch_compile_warm": "torch_compile", "ours_aot_load": "ours_aot_cold"}.get(variant)
+            if needs and (needs not in done or "error" in done[needs]):
+                result = {"model": name, "variant": variant,
+                          "skipped": f"needs {needs}, which {'failed' if needs in done else 'was not run'}"}
+            else:
+                if variant != "torch_compile_warm":
+                    shutil.rmtree(cache, ignore_errors=True)
+                cache.mkdir(parents=True, exist_ok=True)
+                env = {**base_env, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+                result = run_job(job, work, env, job_timeout)
+            done[variant] = result
+            jobs.append(result)
+            print(_line(result), flush=True)
+            _save_partial(out, jobs, meta)
+    if comfy:
+        from .comfy_e2e import run_comfy
+
+        comfy_result = run_comfy(work, quick=quick, keep=keep)
+    else:
+        comfy_result = {"run": False, "why": "--no-comfy was given"}
+    meta["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    meta["uptime_end"] = _uptime()
+    meta["duration_s"] = round(time.time() - started, 1)
+    summary = report.summarise(jobs, meta, {n: s.describe() for n, s in specs.items()}, comfy_result)
+    paths = report.write_all(out, summary)
+    (out / "partial.json").unlink(missing_ok=True)
+    print()
+    print(report.markdown(summary))
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    if summary.get("chart"):
+        print("no chart: " + summary["chart"])
+    if keep:
+        print(f"kept the work folder {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    failed = [j for j in jobs if "error" in j]
+    return 1 if failed else 0
+
+
+def _save_partial(out: Path, jobs: List[dict], meta: dict) -> None:
+    """What has run so far, in case the run is stopped."""
+    (out / "partial.json").write_text(json.dumps({**meta, "jobs": jobs}, indent=1, default=str))

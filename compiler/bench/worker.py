@@ -1,0 +1,258 @@
+"""One benchmark configuration in its own process: `python -m compiler.bench.worker JOB.json RESULT.json`.
+
+Variants (what is timed; everything after the model is built):
+- eager: the module as it is;
+- torch_compile: `torch.compile(module)` -- default `dynamic=None`, backend
+  "inductor", as ComfyUI's TorchCompileModel calls it -- with empty caches;
+- torch_compile_warm: the same in a fresh process that reuses the first
+  one's Inductor cache folder (torch.compile's own "restart");
+- ours_inductor: `compile_module(..., backend="inductor")` over the declared range;
+- ours_aot_cold: `compile_module(..., backend="aot")`, graphs saved as they compile;
+- ours_aot_load: a fresh process serving the module from those saved graphs.
+
+Each compiled variant: the first call at the base shape (timed: a cold
+compile, or a load), steady-state step times alternating eager and compiled
+calls, and the sweep of 5 resolutions x 3 batch sizes counting compiles. The
+result is one JSON file; nothing is printed that the parent needs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Dict, List
+
+from .models import VARIANTS
+
+
+_T0 = time.perf_counter()
+
+
+def _say(text: str) -> None:
+    """Progress into the job's log (the parent keeps it in the work folder)."""
+    print(f"[{time.perf_counter() - _T0:8.1f} s] {text}", file=sys.stderr, flush=True)
+
+
+def _rss_mb() -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+class _LimitWatcher(logging.Handler):
+    """Notices torch.compile giving up on a frame (recompile limit): later calls run eager, silently."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: List[str] = []
+
+    def emit(self, record):
+        try:
+            text = record.getMessage()
+        except Exception:
+            return
+        if "recompile_limit" in text or "cache_size_limit" in text or "recompile limit" in text:
+            self.messages.append(text.splitlines()[0][:300])
+
+
+def run_job(job: Dict[str, Any]) -> Dict[str, Any]:
+    import torch
+
+    from .models import dtype_from_flag, parameter_count, spec
+
+    variant = job["variant"]
+    device = job.get("device", "cpu")
+    dtype = dtype_from_flag(job.get("dtype", "fp32"))
+    model = spec(job["model"], job["profile"], device)
+    reps = int(job.get("reps", 5))
+    cuda = device.startswith("cuda")
+    result: Dict[str, Any] = {
+        "variant": variant, "model": model.name, "profile": job["profile"], "device": device,
+        "dtype": job.get("dtype", "fp32"), "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "loadavg_start": list(os.getloadavg()), "pid": os.getpid(),
+    }
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def timed(fn: Callable, shape) -> float:
+        args, kwargs = inputs[shape]
+        started = time.perf_counter()
+        with torch.no_grad():
+            fn(*args, **kwargs)
+        sync()
+        return time.perf_counter() - started
+
+    started = time.perf_counter()
+    module = model.build(seed=0).to(device=device, dtype=dtype)
+    result["build_s"] = time.perf_counter() - started
+    result["parameters"] = parameter_count(module)
+    result["rss_after_build_mb"] = _rss_mb()
+    shapes = sorted(set(model.sweep()) | set(model.steady_shapes))
+    inputs = {shape: model.inputs(shape, device, dtype) for shape in shapes}
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+
+    watcher = _LimitWatcher()
+    logging.getLogger("torch._dynamo").addHandler(watcher)
+    eager_fn: Callable = module
+    compiled_fn: Callable = module
+    registry = None
+    wrapper = None
+    count: Callable[[], int] = lambda: 0
+
+    if variant == "eager":
+        pass
+    elif variant in ("torch_compile", "torch_compile_warm"):
+        from torch._dynamo.utils import counters
+
+        compiled_fn = torch.compile(module)  # as ComfyUI's TorchCompileModel: dynamic=None, backend "inductor"
+        count = lambda: int(counters["stats"]["unique_graphs"])
+    elif variant.startswith("ours_"):
+        from ..compiled_forward import CompileOptions
+        from ..diffusers_api import compile_module
+        from ..registry import GraphRegistry
+        from ..store import GraphStore
+
+        registry = GraphRegistry()
+        backend = "inductor" if variant == "ours_inductor" else "aot"
+        options = CompileOptions(backend=backend, shape_range=model.shape_range(), label=model.name)
+        if variant == "ours_aot_cold":
+            options = options.with_(store=GraphStore(job["graphs_dir"]), autosave=True)
+        elif variant == "ours_aot_load":
+            options = options.with_(store=GraphStore(job["graphs_dir"]))
+        wrapper = compile_module(module, options, registry)
+        compiled_fn = module
+        eager_fn = wrapper.eager
+        count = lambda: len(registry.compiles)
+    else:
+        raise ValueError(f"unknown variant {variant!r}")
+
+    base = model.base_shape
+    # -- first call: a cold compile, a warm-cache compile, a load, or eager's first call
+    before = count()
+    _say(f"{variant} {model.name}: built in {result['build_s']:.1f} s; first call at {base}")
+    result["first_call_s"] = timed(compiled_fn, base)
+    _say(f"first call {result['first_call_s']:.1f} s, {count() - before} compiles")
+    result["first_result_at"] = time.time()  # wall clock: the parent subtracts its spawn time
+    result["first_call_compiles"] = count() - before
+    result["first_call_shape"] = list(base)
+    if registry is not None:
+        result["first_call_loads"] = len(registry.loads)
+    result["rss_after_first_call_mb"] = _rss_mb()
+
+    # -- torch.compile's steady state on the graph specialised to the first shape, before any other shape
+    if variant == "torch_compile":
+        result["steady_static"] = _steady(timed, eager_fn, compiled_fn, [base], reps, count)
+
+    if variant == "torch_compile_warm":  # only its first call is of interest
+        return _finish(result, variant, count, registry, None, watcher, job, cuda)
+
+    # -- the sweep: 5 resolutions x 3 batch sizes, one call each, in order
+    sweep = []
+    sweep_started = time.perf_counter()
+    for shape in model.sweep():
+        before = count()
+        seconds = timed(compiled_fn, shape)
+        sweep.append({"shape": list(shape), "s": seconds, "compiles": count() - before})
+        _say(f"sweep {shape}: {seconds:.2f} s, {count() - before} compiles")
+    result["sweep_wall_s"] = time.perf_counter() - sweep_started
+    result["sweep"] = sweep
+    result["sweep_compiles"] = sum(row["compiles"] for row in sweep)
+
+    # -- steady state after the sweep, alternating eager and compiled calls (the
+    # aot graphs of the cold run are the ones the load run times; eager alone needs no pairs)
+    if variant not in ("eager", "ours_aot_cold") or job.get("steady_everywhere"):
+        result["steady"] = _steady(timed, eager_fn, compiled_fn, model.steady_shapes, reps, count)
+    return _finish(result, variant, count, registry, wrapper, watcher, job, cuda)
+
+
+def _finish(result, variant, count, registry, wrapper, watcher, job, cuda) -> Dict[str, Any]:
+    import torch
+
+    result["compiles_total"] = count()
+    if registry is not None:
+        result["loads_total"] = len(registry.loads)
+        result["events"] = [
+            {"kind": e.kind, "reason": e.reason[:300], "seconds": round(e.seconds, 3)}
+            for e in registry.events if e.kind in ("compile", "load", "fallback", "refused")
+        ]
+        result["fallbacks"] = len(registry.fallbacks)
+        result["graph_calls"] = wrapper.graph_calls
+        result["eager_calls"] = wrapper.eager_calls
+    if variant in ("torch_compile", "torch_compile_warm"):
+        from torch._dynamo.utils import counters
+
+        result["dynamo_stats"] = {k: int(v) for k, v in counters["stats"].items()}
+        result["recompile_limit_hit"] = watcher.messages
+        result["inductor_fxgraph_cache"] = {k: int(v) for k, v in counters["inductor"].items()
+                                            if k.startswith("fxgraph_cache")}
+    if variant == "ours_aot_cold":
+        packages = list(Path(job["graphs_dir"]).rglob("*.pt2"))
+        result["graphs_saved"] = len(packages)
+        result["graphs_saved_mb"] = sum(p.stat().st_size for p in packages) / 1e6
+    result["peak_rss_mb"] = _peak_rss_mb()
+    if cuda:
+        result["cuda_max_memory_allocated_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    result["loadavg_end"] = list(os.getloadavg())
+    return result
+
+
+def _steady(timed, eager_fn, compiled_fn, shapes, reps: int, count) -> Dict[str, Any]:
+    """Per shape: one untimed call of each, then `reps` timed pairs in alternating order."""
+    out = {}
+    for shape in shapes:
+        _say(f"steady {shape}: {reps} alternating pairs")
+        before = count()
+        timed(eager_fn, shape)
+        timed(compiled_fn, shape)
+        eager, compiled = [], []
+        for index in range(reps):
+            if index % 2 == 0:
+                eager.append(timed(eager_fn, shape))
+                compiled.append(timed(compiled_fn, shape))
+            else:
+                compiled.append(timed(compiled_fn, shape))
+                eager.append(timed(eager_fn, shape))
+        out["x".join(map(str, shape))] = {
+            "shape": list(shape), "eager": eager, "compiled": compiled,
+            "eager_median_s": statistics.median(eager), "compiled_median_s": statistics.median(compiled),
+            "compiles_during": count() - before,
+        }
+    return out
+
+
+def main(argv: List[str]) -> int:
+    job_path, result_path = Path(argv[0]), Path(argv[1])
+    job = json.loads(job_path.read_text())
+    try:
+        result = run_job(job)
+        code = 0
+    except BaseException as error:  # the parent records the failure and goes on
+        result = {"variant": job.get("variant"), "model": job.get("model"),
+                  "error": f"{type(error).__name__}: {str(error)[:2000]}", "traceback": traceback.format_exc()[-6000:]}
+        code = 1
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(result_path)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

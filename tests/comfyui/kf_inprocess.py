@@ -1,0 +1,140 @@
+"""Checks that need ComfyUI in the same process but no compile; run in ComfyUI's Python by
+test_comfyui_inprocess.py, prints one JSON object of findings.
+
+    python kf_inprocess.py PACK_DIR BASE_DIR CHECKPOINT_NAME
+
+The pack is loaded the way ComfyUI's loader does it (a package named by its
+path, imported from its __init__.py, then comfy_entrypoint()).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import sys
+
+
+def capture_server(utils, runtime):
+    """Record ProgressBar updates and send_sync events while a compile's progress event is recorded.
+
+    A stand-in `server` module with a PromptServer.instance (ComfyUI's own needs the whole app).
+    """
+    import types
+
+    progress, sent = [], []
+    utils.set_progress_bar_global_hook(lambda value, total, preview, node_id=None: progress.append([value, total]))
+    server = types.ModuleType("server")
+    server.PromptServer = type("PromptServer", (), {})
+    server.PromptServer.instance = types.SimpleNamespace(
+        client_id="test", send_sync=lambda event, data, sid=None: sent.append([event, data.get("kind"), sid]))
+    previous = sys.modules.get("server")
+    sys.modules["server"] = server
+    try:
+        registry = runtime.registry()
+        registry.record("progress", "-", "unet: compiling with AOTInductor", detail={"fraction": 0.3})
+        registry.record("progress", "-", "unet: compiled", detail={"fraction": 1.0})
+        registry.record("compile", "-", "unet: first call", seconds=1.5)
+    finally:
+        if previous is None:
+            sys.modules.pop("server", None)
+        else:
+            sys.modules["server"] = previous
+        utils.set_progress_bar_global_hook(None)
+    return progress, sent
+
+
+def main(pack: str, base: str, checkpoint: str) -> dict:
+    sys.path.insert(0, os.environ["COMFYUI_PATH"])
+    import comfy.cli_args
+
+    comfy.cli_args.args.cpu = True
+    comfy.cli_args.args.base_directory = base  # read by folder_paths at import, like --base-directory
+    import folder_paths
+
+    user_graphs = os.path.join(base, "user_graphs")
+    folder_paths.add_model_folder_path("graphs", user_graphs, is_default=True)  # as extra_model_paths.yaml would
+
+    name = pack.replace(".", "_x_")
+    spec = importlib.util.spec_from_file_location(name, os.path.join(pack, "__init__.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    extension = asyncio.run(module.comfy_entrypoint())
+    nodes = {node.__name__: node for node in asyncio.run(extension.get_node_list())}
+    runtime = sys.modules[name + ".nodes.runtime"]
+    out = {"nodes": sorted(nodes)}
+    paths, extensions = folder_paths.folder_names_and_paths["graphs"]
+    out["graphs_paths"] = list(paths)
+    out["graphs_extensions"] = sorted(extensions)
+
+    import comfy.sd
+    from comfy.patcher_extension import WrappersMP
+
+    model, clip, vae, _ = comfy.sd.load_checkpoint_guess_config(folder_paths.get_full_path("checkpoints", checkpoint))
+    faster = nodes["KeepFastModelSpeedup"].execute(model, 64, 2048, 4, True, False).args[0]
+    faster_vae = nodes["KeepFastVAESpeedup"].execute(vae, 64, 2048, 4, True).args[0]
+    out["model_is_clone"] = faster is not model and faster.model is model.model
+    out["input_model_wrappers"] = sorted(model.wrappers.get(WrappersMP.DIFFUSION_MODEL, {}))
+    out["output_model_wrappers"] = sorted(faster.wrappers.get(WrappersMP.DIFFUSION_MODEL, {}))
+    out["vae_is_copy"] = faster_vae is not vae and faster_vae.patcher is vae.patcher
+    out["input_vae_decode"] = type(vae.first_stage_model.decode).__name__
+    out["output_vae_decode"] = type(faster_vae.first_stage_model.decode).__name__
+    out["vae_weights_shared"] = all(
+        a is b for a, b in zip(vae.first_stage_model.parameters(), faster_vae.first_stage_model.parameters()))
+    again = nodes["KeepFastModelSpeedup"].execute(faster, 64, 1024, 2, True, False).args[0]
+    out["respeed_wrappers"] = [len(again.wrappers[WrappersMP.DIFFUSION_MODEL]["keepfast"]),
+                               len(again.wrappers[WrappersMP.APPLY_MODEL]["keepfast"])]
+
+    # Another pack's DIFFUSION_MODEL wrapper inside ours still runs; our call takes the model's place.
+    import torch
+    import nodes as comfy_nodes
+
+    seen = []
+
+    def other_wrapper(executor, *args, **kwargs):
+        seen.append(type(executor.class_obj).__name__)
+        return executor(*args, **kwargs)
+
+    no_compile = nodes["KeepFastModelSpeedup"].execute(model, 64, 2048, 4, False, False).args[0]
+    chained = no_compile.clone()
+    chained.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, "other_pack", other_wrapper)
+    positive = clip.encode_from_tokens_scheduled(clip.tokenize("a cat"))
+    negative = clip.encode_from_tokens_scheduled(clip.tokenize(""))
+    before = runtime.stats()["counts"]
+    with torch.inference_mode():
+        comfy_nodes.common_ksampler(chained, 1, 1, 7.0, "euler", "normal", positive, negative,
+                                    {"samples": torch.zeros(1, 4, 8, 8)})
+    after = runtime.stats()["counts"]
+    out["inner_wrapper_calls"] = seen
+    out["chained_eager_calls"] = after["unet_eager_calls"] - before["unet_eager_calls"]
+    out["chained_fallbacks"] = [m["reason"] for m in runtime.stats()["messages"] if m["kind"] == "fallback"]
+
+    # Progress and messages reach ComfyUI's ProgressBar and the page.
+    import comfy.utils
+
+    out["progress"], out["sent"] = capture_server(comfy.utils, runtime)
+
+    reason = "the aot backend needs torch >= 2.6 (AOTInductor packages); this is torch 2.5.1"
+    runtime.compile_unavailable = lambda: reason
+    passed = {}
+    result = nodes["KeepFastModelSpeedup"].execute(model, 64, 2048, 4, True, False)
+    passed["model_speedup"] = [result.args[0] is model, reason in result.ui["text"][0]]
+    result = nodes["KeepFastVAESpeedup"].execute(vae, 64, 2048, 4, True)
+    passed["vae_speedup"] = [result.args[0] is vae, reason in result.ui["text"][0]]
+    result = nodes["KeepFastSaveGraph"].execute("x", model=model, vae=vae)
+    passed["save_graph"] = [result.args[0] is model and result.args[1] is vae, reason in result.args[2]]
+    result = nodes["KeepFastLoadGraph"].execute("(every stored graph that fits)", True, False, model=model, vae=vae)
+    passed["load_graph"] = [result.args[0] is model and result.args[1] is vae, reason in result.args[2]]
+    result = nodes["KeepFastWarmupGraphs"].execute("512x512", "1", False, model=model, vae=vae)
+    passed["warmup"] = [result.args[0] is model and result.args[1] is vae, reason in result.args[2]]
+    out["unavailable_passthrough"] = passed
+    warmup = nodes["KeepFastWarmupGraphs"]
+    out["warmup_validation"] = [warmup.validate_inputs("512x512, 768x512", "1, 2"),
+                                warmup.validate_inputs("512by512", "1"), warmup.validate_inputs("512", "two")]
+    return out
+
+
+if __name__ == "__main__":
+    print("KEEPFAST-RESULT " + json.dumps(main(*sys.argv[1:4])))
