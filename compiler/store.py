@@ -206,8 +206,8 @@ class GraphStore:
                 f"graph {stored.name} was not built on this machine and is not trusted; a graph is "
                 f"native code. To trust it: python -m compiler graphs trust {stored.manifest_path}"
             )
-        backend = get_backend(manifest.key.family.backend)
         try:
+            backend = get_backend(manifest.key.family.backend)
             return backend.load_bytes(data, manifest.key, manifest.info)
         except Exception as error:  # a package that verifies but will not load
             raise GraphRefused(f"graph {stored.name} failed to load: {type(error).__name__}: {error}") from None

@@ -20,7 +20,9 @@ _VOLATILE_ATTRIBUTES = frozenset(
     {"training", "dump_patches", "call_super_init", "comfy_cast_weights", "weight_function",
      "bias_function", "gradient_checkpointing", "current_patcher", "device", "dtype",
      "manual_cast_dtype", "parameters_manual_cast_dtype", "offload_device",
-     "load_device", "model_loaded_weight_memory", "lowvram_patch_counter"}
+     "load_device", "model_loaded_weight_memory", "lowvram_patch_counter",
+     "comfy_patched_weights", "prev_comfy_cast_weights", "comfy_force_cast_weights",
+     "model_lowvram", "current_weight_patches_uuid"}
 )
 _SCALARS = (bool, int, float, str, type(None))
 

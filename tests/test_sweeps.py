@@ -111,3 +111,16 @@ def test_outside_the_declared_range_runs_eager_with_the_reason(saved_pipe):
     assert len(registry.compiles) == compiles
     reason = registry.fallbacks[-1].reason
     assert "outside" in reason and "40" in reason and "running eager" in reason
+
+
+def test_a_non_contiguous_input_gives_the_eager_result(saved_pipe):
+    registry, unet = saved_pipe.registry, saved_pipe.pipe.unet
+    compiles = len(registry.compiles)
+    args, kwargs = unet_inputs(2, 16, 24)
+    sample = args[0].transpose(2, 3).contiguous().transpose(2, 3)  # same values, other strides
+    assert not sample.is_contiguous()
+    with torch.no_grad():
+        out = unet(sample, args[1], **kwargs)[0]
+        ref = compiled_parts(saved_pipe.pipe)["unet"].eager(sample, args[1], **kwargs)[0]
+    assert float((out - ref).abs().max()) < TOLERANCE
+    assert len(registry.compiles) == compiles

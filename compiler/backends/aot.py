@@ -142,7 +142,9 @@ class AotGraph(CompiledGraph):
     def run(self, module: torch.nn.Module, call: FlatCall) -> Any:
         with self._lock:
             self._bind(module)
-            outputs = self._runner(call.tensors)
+            # The package was traced with contiguous inputs and does not check strides:
+            # a non-contiguous input would give wrong results silently.
+            outputs = self._runner([t if t.is_contiguous() else t.contiguous() for t in call.tensors])
         if isinstance(outputs, torch.Tensor):
             outputs = [outputs]
         return pytree.tree_unflatten(list(outputs), self._out_spec)
