@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import inspect
 import json
 import re
@@ -39,7 +38,6 @@ from .registry import FALLBACK
 from .shapes import ShapeRange
 from .signature import FlatCall
 from .store import GraphStore, StoredGraph, safe_part
-from .structure import describe_structure
 from .trust import TrustList
 
 # Keys of transformer_options that carry bookkeeping, never computation.
@@ -52,11 +50,6 @@ PATCH_OPTION_KEYS = ("patches", "patches_replace")
 
 # Attributes ComfyUI's ModelPatcher sets on modules while loading or patching
 # weights: runtime state, not part of the model's structure.
-COMFY_RUNTIME_ATTRIBUTES = frozenset({
-    "comfy_patched_weights", "prev_comfy_cast_weights", "comfy_cast_weights", "comfy_force_cast_weights",
-    "weight_function", "bias_function", "lowvram_patch_counter", "model_lowvram",
-    "model_loaded_weight_memory", "current_weight_patches_uuid",
-})
 
 
 def _is_empty(value: Any) -> bool:
@@ -139,12 +132,6 @@ class ComfyForward(CompiledForward):
         super().__init__(*args, **kwargs)
         self._local = threading.local()
 
-    def structure(self) -> str:
-        shapes = tuple((name, tuple(p.shape)) for name, p in self.module.named_parameters())
-        if self._structure is None or self._structure[0] != shapes:
-            self._structure = (shapes, comfy_structure_hash(self.module))
-        return self._structure[1]
-
     def eager(self, *args, **kwargs) -> Any:
         run = getattr(self._local, "eager", None)
         if run is not None:
@@ -172,17 +159,6 @@ class ComfyForward(CompiledForward):
     @property
     def ran_eager(self) -> bool:
         return self.last_status.startswith("eager")
-
-
-def comfy_structure_hash(module: torch.nn.Module) -> str:
-    """structure_hash without the runtime flags ComfyUI sets on modules."""
-    description = describe_structure(module)
-    for entry in description["modules"]:
-        settings = entry[2]
-        for name in COMFY_RUNTIME_ATTRIBUTES:
-            settings.pop(name, None)
-    text = json.dumps(description, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 # -- stores ------------------------------------------------------------------
