@@ -92,12 +92,26 @@ def _server():
     return getattr(PromptServer, "instance", None)
 
 
+def _executing() -> dict:
+    """The node ComfyUI is running now (and its prompt), so the page can badge the KeepFast node behind it."""
+    try:
+        from comfy_execution.utils import get_executing_context
+
+        context = get_executing_context()
+    except Exception:
+        context = None
+    if context is not None:
+        return {"node": str(context.node_id), "prompt_id": context.prompt_id}
+    node = getattr(_server(), "last_node_id", None)
+    return {"node": str(node)} if node is not None else {}
+
+
 def send(event: str, data: dict) -> None:
     server = _server()
     if server is None:
         return
     try:
-        server.send_sync(event, data, getattr(server, "client_id", None))
+        server.send_sync(event, {**_executing(), **data}, getattr(server, "client_id", None))
     except Exception:  # the page is a nicety; a run must never fail on it
         pass
 
@@ -191,16 +205,15 @@ def stats() -> dict:
 
 
 def _register_route() -> bool:
+    """The stats and graph library routes (nodes/routes.py) on ComfyUI's server."""
     server = _server()
     if server is None or not hasattr(server, "routes"):
         return False
     try:
-        from aiohttp import web
+        from . import routes
 
-        @server.routes.get(STATS_ROUTE)
-        async def keepfast_stats(request):  # noqa: ARG001 (aiohttp handler signature)
-            return web.json_response(stats())
+        routes.add_routes(server.routes, store, stats)
     except Exception as error:  # a route is a nicety; loading the nodes must not fail on it
-        log.warning("[KeepFast] stats route not registered: %s", error)
+        log.warning("[KeepFast] routes not registered: %s", error)
         return False
     return True

@@ -1,0 +1,91 @@
+"""The page's badge logic (web/lib/badges.js) under node, on a stand-in graph: no ComfyUI, no browser.
+
+Which KeepFast node an event belongs to is decided by walking up the running
+node's MODEL/VAE/GUIDER inputs; a latent input must not lead to the VAE
+node of an img2img encode. Skipped, with the reason, where node is absent.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+BADGES = Path(__file__).resolve().parent.parent / "web" / "lib" / "badges.js"
+
+SCRIPT = r"""
+const source = process.argv[1];
+const m = await import("data:text/javascript;base64," + source);
+class Node {
+  constructor(id, type, inputs = []) { this.id = id; this.type = type; this.inputs = inputs.map(([type, from]) => ({ type, link: from == null ? null : 1, from })); }
+  getInputNode(slot) { return graph.nodes.get(this.inputs[slot].from); }
+}
+const graph = { nodes: new Map(), getNodeById(id) { return this.nodes.get(Number(id)); } };
+const add = (...args) => graph.nodes.set(args[0], new Node(...args));
+add(1, "CheckpointLoaderSimple");
+add(2, "KeepFastModelSpeedup", [["MODEL", 1]]);
+add(3, "KeepFastVAESpeedup", [["VAE", 1]]);
+add(4, "LoraLoader", [["MODEL", 2], ["CLIP", 1]]);
+add(5, "VAEEncode", [["IMAGE", null], ["VAE", 3]]);
+add(6, "KSampler", [["MODEL", 4], ["CONDITIONING", null], ["CONDITIONING", null], ["LATENT", 5]]);
+add(7, "VAEDecode", [["LATENT", 6], ["VAE", 3]]);
+add(8, "KeepFastWarmupGraphs", [["MODEL", 2], ["VAE", 3]]);
+const ids = (nodes) => nodes.map((n) => n.id);
+const out = {
+  sampler: ids(m.badgeTargets(graph, "6")),
+  decode: ids(m.badgeTargets(graph, 7)),
+  encode: ids(m.badgeTargets(graph, 5)),
+  warmup: ids(m.badgeTargets(graph, 8)),
+  unknown: ids(m.badgeTargets(graph, 99)),
+  states: [
+    m.badgeState({ kind: "progress", fraction: 0.3, reason: "UNetModel: compiling" }),
+    m.badgeState({ kind: "progress", fraction: 1, reason: "UNetModel: compiled" }),
+    m.badgeState({ kind: "compile", seconds: 24.56, reason: "UNetModel: first call" }),
+    m.badgeState({ kind: "load", reason: "UNetModel: loaded X from /g" }),
+    m.badgeState({ kind: "fallback", reason: "VAE decode (TAESD): no stored graph serves this input; compiling is off; running eager" }),
+    m.badgeState({ kind: "refused", reason: "Load Graph: graph a/b was not built on this machine" }),
+    m.badgeState({ kind: "evict", reason: "registry full" }),
+  ],
+};
+const changed = m.applyEvent(graph, { kind: "compile", seconds: 2, reason: "x", node: null }, "6");
+out.applied = ids(changed).concat([graph.getNodeById(2).keepfast.state, graph.getNodeById(3).keepfast ?? null]);
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    node = shutil.which("node")
+    if not node:
+        pytest.skip("node is not installed: the page's badge logic is tested with node")
+    source = base64.b64encode(BADGES.read_bytes()).decode()
+    done = subprocess.run([node, "--input-type=module", "-e", SCRIPT, source], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_badge_goes_to_the_keepfast_node_behind_the_running_one(result):
+    assert result["sampler"] == [2]  # through the LoRA loader; the latent from VAE Encode is not followed
+    assert result["decode"] == [3] and result["encode"] == [3]
+    assert result["warmup"] == [8]  # a KeepFast node running itself carries its own badge
+    assert result["unknown"] == []
+
+
+def test_events_become_badges(result):
+    progress, done, compiled, loaded, eager, refused, evicted = result["states"]
+    assert progress["state"] == "compiling" and progress["fraction"] == 0.3 and progress["text"] == "compiling 30%"
+    assert done is None  # the compile event, right after, says how it went
+    assert compiled["state"] == "compiled" and compiled["text"] == "compiled (24.6 s)"
+    assert loaded == {"state": "loaded", "text": "loaded from disk", "reason": "UNetModel: loaded X from /g"}
+    assert eager["state"] == "eager" and eager["text"] == "eager: no stored graph serves this input; compiling is off"
+    assert refused["state"] == "refused" and refused["text"].startswith("refused: graph a/b was not built")
+    assert evicted is None
+
+
+def test_an_event_without_a_node_uses_the_running_node(result):
+    assert result["applied"] == [2, "compiled", None]
