@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from .backends import DEFAULT_BACKEND, BackendUnavailable, CompiledGraph, CompileFailed, get_backend
-from .backends.base import GraphMismatch, Progress, range_failure
+from .backends.base import GraphMismatch, GuardsUnknown, Progress, range_failure
 from .environment import device_kind, dtype_name, torch_version
 from .flat_module import ForwardFn
 from .keys import FamilyKey, GraphKey
@@ -242,23 +242,36 @@ class CompiledForward:
         return graph, None
 
     def _cover(self, backend, family, call, progress) -> None:
-        """Compile now for the range corners no graph serves, not in a later run."""
+        """Compile now for the range corners no graph serves, not in a later run.
+
+        Whether a graph serves a corner is read from its guards, never by running
+        it there (see CompiledGraph.guard_failure).
+        """
         for batch, height, width in corner_targets(self.options.shape_range):
             probe = reshape_call(call, batch, height, width)
             if probe is None:
                 continue
-            if backend.covers_by_running:  # torch.compile's guards are only known by running
-                served, _, why = self._run_existing(family, probe)
-                if served:
-                    continue
-            else:
-                graph, why = self.registry.find(family, probe)
-                if graph is not None:
-                    continue
+            try:
+                why = self._guard_failure(family, probe)
+            except GuardsUnknown as unknown:
+                log.info("%s: range corners are compiled when first used: %s", self.label, unknown)
+                return
+            if why is None:
+                continue
             if len(self.registry.family_graphs(family)) >= backend.max_graphs_per_family:
                 return
             reason = f"range corner batch {batch}, latent {height}x{width} is not served ({why})"
             self._compile(backend, family, probe, reason, progress)
+
+    def _guard_failure(self, family: FamilyKey, call: FlatCall) -> Optional[str]:
+        """None if a graph of the family serves the call, else why the first one does not."""
+        why = None
+        for graph in self.registry.family_graphs(family):
+            failure = graph.guard_failure(self.module, call)
+            if failure is None:
+                return None
+            why = why or failure
+        return why or "no graph of this family"
 
     def save_graph(self, graph: CompiledGraph, call: Optional[FlatCall] = None) -> Optional[str]:
         """Write a graph into the store; returns the error message if it could not be."""

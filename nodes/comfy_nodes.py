@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from comfy_api.latest import ComfyExtension, io
 
+from ..compiler import backend_names
 from ..compiler.comfy_adapter import parse_batch_sizes, parse_resolutions
 from . import operations, runtime
 from .operations import Report
@@ -26,10 +27,23 @@ def _range_inputs():
     ]
 
 
-def _settings(min_resolution, max_resolution, max_batch_size, compile, autosave=False) -> Settings:
+def _backend_input():
+    choices = runtime.backend_choices()
+    return io.Combo.Input("backend", options=choices, default=choices[0], tooltip=runtime.backend_tooltip())
+
+
+def _validate_backend(backend: str):
+    """Any registered backend passes, offered here or not: a workflow from a machine with OneFlow still runs
+    here, its model passing through uncompiled with the reason (ComfyUI's own check would stop the workflow)."""
+    if backend in backend_names():
+        return True
+    return f"unknown backend {backend!r}; choose one of {', '.join(runtime.backend_choices())}"
+
+
+def _settings(min_resolution, max_resolution, max_batch_size, compile, backend, autosave=False) -> Settings:
     low, high = sorted((int(min_resolution), int(max_resolution)))
     return Settings(min_size=low, max_size=high, max_batch=int(max_batch_size), compile_on_miss=bool(compile),
-                    autosave=bool(autosave))
+                    autosave=bool(autosave), backend=str(backend))
 
 
 def _ui(text: str) -> dict:
@@ -50,16 +64,21 @@ class KeepFastModelSpeedup(io.ComfyNode):
             inputs=[io.Model.Input("model")] + _range_inputs() + [
                 io.Boolean.Input("save_compiled", default=False,
                                  tooltip="Write each graph compiled here into models/graphs right away."),
+                _backend_input(),
             ],
             outputs=[io.Model.Output()],
         )
 
     @classmethod
-    def execute(cls, model, min_resolution, max_resolution, max_batch_size, compile, save_compiled):
+    def validate_inputs(cls, backend):
+        return _validate_backend(backend)
+
+    @classmethod
+    def execute(cls, model, min_resolution, max_resolution, max_batch_size, compile, save_compiled, backend):
         runtime.setup()
         report = Report("KeepFast Model Speedup")
         out, _ = operations.model_speedup(
-            model, _settings(min_resolution, max_resolution, max_batch_size, compile, save_compiled), report)
+            model, _settings(min_resolution, max_resolution, max_batch_size, compile, backend, save_compiled), report)
         return io.NodeOutput(out, ui=_ui(report.text()))
 
 
@@ -72,15 +91,20 @@ class KeepFastVAESpeedup(io.ComfyNode):
             category=CATEGORY,
             description="Serve VAE decode and encode (tiled decode included) from compiled graphs. The input "
                         "VAE is not changed.",
-            inputs=[io.Vae.Input("vae")] + _range_inputs(),
+            inputs=[io.Vae.Input("vae")] + _range_inputs() + [_backend_input()],
             outputs=[io.Vae.Output()],
         )
 
     @classmethod
-    def execute(cls, vae, min_resolution, max_resolution, max_batch_size, compile):
+    def validate_inputs(cls, backend):
+        return _validate_backend(backend)
+
+    @classmethod
+    def execute(cls, vae, min_resolution, max_resolution, max_batch_size, compile, backend):
         runtime.setup()
         report = Report("KeepFast VAE Speedup")
-        out, _ = operations.vae_speedup(vae, _settings(min_resolution, max_resolution, max_batch_size, compile), report)
+        out, _ = operations.vae_speedup(
+            vae, _settings(min_resolution, max_resolution, max_batch_size, compile, backend), report)
         return io.NodeOutput(out, ui=_ui(report.text()))
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any, Iterable, List, Optional, Tuple
 
-from ..compiler import GraphRefused, StoreError
+from ..compiler import DEFAULT_BACKEND, GraphRefused, StoreError, get_backend
 from ..compiler.comfy_adapter import (
     ComfyForward, GraphSetError, MultiRootStore, clamp, graph_set_entries, read_json,
     set_file_name, write_graph_set,
@@ -53,16 +54,17 @@ def graph_choices() -> List[str]:
 # -- speeding up -------------------------------------------------------------------
 
 def model_speedup(model, settings: Settings, report: Report):
-    reason = runtime.compile_unavailable()
+    reason = runtime.compile_unavailable(settings.backend)
     if reason:
-        report.add(f"compiling is unavailable here ({reason}); the model passes through unchanged")
+        report.add(f"the {settings.backend} backend is unavailable here ({reason}); the model passes through "
+                   "unchanged")
         runtime.note("fallback", f"Model Speedup: {reason}; the model runs uncompiled")
         return model, None
     faster, runner = unet.speed_up(model, settings)
     module = faster.get_model_object("diffusion_model")
     forward = runner.forward_for(module)
     r = settings.unet_range()
-    report.add(f"{forward.label}: served by graphs for images {settings.min_size}-{settings.max_size} px, "
+    report.add(f"{forward.label}: served by {settings.backend} graphs for images {settings.min_size}-{settings.max_size} px, "
                f"batch up to {settings.max_batch} (cond+uncond up to {r.batch[1]}), prompts up to "
                f"{r.sequence[1]} tokens")
     report.add(_stored_summary(forward))
@@ -72,9 +74,10 @@ def model_speedup(model, settings: Settings, report: Report):
 
 
 def vae_speedup(vae, settings: Settings, report: Report):
-    reason = runtime.compile_unavailable()
+    reason = runtime.compile_unavailable(settings.backend)
     if reason:
-        report.add(f"compiling is unavailable here ({reason}); the VAE passes through unchanged")
+        report.add(f"the {settings.backend} backend is unavailable here ({reason}); the VAE passes through "
+                   "unchanged")
         runtime.note("fallback", f"VAE Speedup: {reason}; the VAE runs uncompiled")
         return vae, None
     try:
@@ -82,7 +85,8 @@ def vae_speedup(vae, settings: Settings, report: Report):
     except ValueError as error:
         report.add(f"{error}; the VAE passes through unchanged")
         return vae, None
-    report.add(f"VAE {type(runner.module).__name__} ({runner.dtype}): decode and encode served by graphs for "
+    report.add(f"VAE {type(runner.module).__name__} ({runner.dtype}): decode and encode served by "
+               f"{settings.backend} graphs for "
                f"images {settings.min_size}-{settings.max_size} px, batch up to {settings.max_batch}")
     report.add(_stored_summary(runner.forwards["decode"]))
     return faster, runner
@@ -122,6 +126,13 @@ def _ensure_vae(vae, sizes, batches):
     return vae_side.speed_up(vae, wanted)
 
 
+def _backend_of(model, vae) -> str:
+    """The backend a speedup node upstream chose (the default when there is none)."""
+    runner = (unet.runner_of(model) if model is not None else None) or (
+        vae_side.runner_of(vae) if vae is not None else None)
+    return runner.settings.backend if runner is not None else DEFAULT_BACKEND
+
+
 # -- ahead of time ------------------------------------------------------------------
 
 def _progress_bar(total: int):
@@ -136,7 +147,7 @@ def _progress_bar(total: int):
 def warm(model, vae, sizes: List[Tuple[int, int]], batches: List[int], report: Report,
          vae_ops: Tuple[str, ...] = ("decode",)):
     """Make sure graphs serve each size and batch; returns the (sped-up) model and VAE."""
-    unavailable = runtime.compile_unavailable()
+    unavailable = runtime.compile_unavailable(_backend_of(model, vae))
     if unavailable:
         report.add(f"compiling is unavailable here ({unavailable}); nothing was compiled")
         return model, vae
@@ -180,7 +191,7 @@ def warm(model, vae, sizes: List[Tuple[int, int]], batches: List[int], report: R
 
 def save(model, vae, name: str, report: Report):
     """Compile (if needed) and write every graph of the model and VAE, plus the set `<name>.json`."""
-    unavailable = runtime.compile_unavailable()
+    unavailable = runtime.compile_unavailable(_backend_of(model, vae))
     if unavailable:
         report.add(f"compiling is unavailable here ({unavailable}); nothing was saved")
         return model, vae
@@ -238,7 +249,8 @@ def _save_forward(what: str, forward: ComfyForward, calls, store: MultiRootStore
         if not same_structure and family.id not in families:
             continue  # VAE decode and encode share a structure: each saves its own families
         if not graph.persistent:
-            report.add(f"{what}: the {family.backend} backend's graphs cannot be saved")
+            why = get_backend(family.backend).persist_unavailable_reason() or "it keeps graphs in memory only"
+            report.add(f"{what}: graphs of the {family.backend} backend cannot be saved ({why})")
             continue
         try:
             stored = store.save(graph, families.get(family.id, {}))
@@ -255,7 +267,7 @@ def _save_forward(what: str, forward: ComfyForward, calls, store: MultiRootStore
 
 def load(model, vae, choice: str, compile_on_miss: bool, trust: bool, report: Report):
     """Serve the model and VAE from stored graphs, loaded now; refusals are reported, never raised."""
-    unavailable = runtime.compile_unavailable()
+    unavailable = runtime.compile_unavailable(_backend_of(model, vae))
     if unavailable:
         report.add(f"graphs cannot run here ({unavailable}); the model and VAE pass through unchanged")
         return model, vae
@@ -264,15 +276,15 @@ def load(model, vae, choice: str, compile_on_miss: bool, trust: bool, report: Re
     model_out, vae_out = model, vae
     if model is not None:
         runner = unet.runner_of(model)
-        model_out, runner = unet.speed_up(model, Settings(**{**_settings_dict(runner), "compile_on_miss": compile_on_miss})
-                                          if runner else settings)
+        model_out, runner = unet.speed_up(
+            model, dataclasses.replace(runner.settings, compile_on_miss=compile_on_miss) if runner else settings)
         module = model_out.get_model_object("diffusion_model")
         forward = runner.forward_for(module)
         targets.append(("model", type(module).__name__, forward.structure(),
                         lambda signature, m=model_out: unet.family_here(m, signature)))
     if vae is not None:
         vrunner = vae_side.runner_of(vae)
-        vae_settings = (Settings(**{**_settings_dict(vrunner), "compile_on_miss": compile_on_miss}) if vrunner
+        vae_settings = (dataclasses.replace(vrunner.settings, compile_on_miss=compile_on_miss) if vrunner
                         else settings)
         try:
             vae_out, vrunner = vae_side.speed_up(vae, vae_settings)
@@ -291,12 +303,6 @@ def load(model, vae, choice: str, compile_on_miss: bool, trust: bool, report: Re
             continue
         _load_one(where, name, targets, trust, report)
     return model_out, vae_out
-
-
-def _settings_dict(runner) -> dict:
-    s = runner.settings
-    return dict(min_size=s.min_size, max_size=s.max_size, max_batch=s.max_batch, compile_on_miss=s.compile_on_miss,
-                autosave=s.autosave, cover_range=s.cover_range)
 
 
 def _chosen(store: MultiRootStore, choice: str, targets, report: Report) -> Iterable[Tuple[GraphStore, str, Optional[str]]]:

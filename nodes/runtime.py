@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Deque, Dict, List, Optional
 
-from ..compiler import DEFAULT_BACKEND, GraphRegistry, TrustList, default_registry, unavailable_reason
+from ..compiler import DEFAULT_BACKEND, GraphRegistry, TrustList, backend_names, default_registry, unavailable_reason
 from ..compiler.comfy_adapter import MultiRootStore
 from ..compiler.manifest import MANIFEST_SUFFIX
 from ..compiler.registry import COMPILE, EVICT, FALLBACK, LOAD, PROGRESS, REFUSED, Event
@@ -25,7 +25,6 @@ log = logging.getLogger("keepfast")
 FOLDER = "graphs"
 EVENT_NAME = "keepfast.event"
 STATS_ROUTE = "/keepfast/stats"
-BACKEND = DEFAULT_BACKEND
 
 _lock = threading.RLock()
 _state: Dict[str, Any] = {"setup": False, "route": False, "listener": False}
@@ -78,8 +77,34 @@ def store() -> MultiRootStore:
     return MultiRootStore(graphs_folders(), TrustList())
 
 
-def compile_unavailable() -> Optional[str]:
-    return unavailable_reason(BACKEND)
+def compile_unavailable(backend: str = DEFAULT_BACKEND) -> Optional[str]:
+    """None when `backend` can compile in this process, else why not (a node then passes models through)."""
+    return unavailable_reason(backend)
+
+
+def backend_reasons() -> Dict[str, Optional[str]]:
+    """Every registered backend -> None when it runs here, else why not.
+
+    Asking imports a backend's library once (oneflow only where it is installed:
+    a spec lookup decides that without importing it).
+    """
+    return {name: unavailable_reason(name) for name in backend_names()}
+
+
+def backend_choices() -> List[str]:
+    """What the speedup nodes offer: the backends that run here, the default first."""
+    usable = [name for name, reason in backend_reasons().items() if reason is None]
+    return sorted(usable, key=lambda name: name != DEFAULT_BACKEND) or [DEFAULT_BACKEND]
+
+
+def backend_tooltip() -> str:
+    lines = ["How graphs are made. aot: torch.export + AOTInductor packages, saved in models/graphs and loaded "
+             "after a restart; inductor: torch.compile with dynamic shapes, kept in memory only; oneflow: one "
+             "OneFlow graph per shape (diffusers modules only)."]
+    missing = {name: reason for name, reason in backend_reasons().items() if reason}
+    if missing:
+        lines.append("Not offered here: " + "; ".join(f"{name}: {reason}" for name, reason in missing.items()))
+    return "\n".join(lines)
 
 
 # -- messages ------------------------------------------------------------------
@@ -201,6 +226,7 @@ def stats() -> dict:
         "messages": messages[-100:],
         "graphs_folders": graphs_folders() if _state["setup"] else [],
         "compile_unavailable": compile_unavailable(),
+        "backends": backend_reasons(),
     }
 
 

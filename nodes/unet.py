@@ -18,12 +18,13 @@ instead of silently running uncompiled.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ..compiler import CompileOptions
+from ..compiler import DEFAULT_BACKEND, CompileOptions
 from ..compiler.comfy_adapter import (
     ComfyForward, bind_call, clamp, forward_signature, latent_range, options_reason, unet_example_call,
 )
@@ -45,16 +46,16 @@ class Settings:
     compile_on_miss: bool = True
     autosave: bool = False
     cover_range: bool = True
+    backend: str = DEFAULT_BACKEND
 
     def unet_range(self):
         return latent_range(self.min_size, self.max_size, self.max_batch)
 
     def widened(self, sizes: List[Tuple[int, int]], batches: List[int]) -> "Settings":
         values = [v for size in sizes for v in size]
-        return Settings(
-            min_size=min([self.min_size] + values), max_size=max([self.max_size] + values),
-            max_batch=max([self.max_batch] + batches), compile_on_miss=self.compile_on_miss,
-            autosave=self.autosave, cover_range=self.cover_range,
+        return dataclasses.replace(
+            self, min_size=min([self.min_size] + values), max_size=max([self.max_size] + values),
+            max_batch=max([self.max_batch] + batches),
         )
 
 
@@ -77,7 +78,7 @@ class UnetRunner:
     def options(self) -> CompileOptions:
         s = self.settings
         return CompileOptions(
-            backend=runtime.BACKEND, shape_range=s.unet_range(), compile_on_miss=s.compile_on_miss,
+            backend=s.backend, shape_range=s.unet_range(), compile_on_miss=s.compile_on_miss,
             store=runtime.store(), autosave=s.autosave, cover_range=s.cover_range,
         )
 
@@ -198,7 +199,7 @@ def family_here(model, signature: str) -> FamilyKey:
     return FamilyKey(
         architecture=architecture_name(unet), structure=runner.forward_for(unet).structure(),
         signature=signature, dtype=dtype_name(module_dtype(unet)), device=device_kind(model.load_device),
-        backend=runtime.BACKEND, torch_version=torch_version(),
+        backend=runner.settings.backend, torch_version=torch_version(),
     )
 
 

@@ -61,7 +61,7 @@ class VaeRunner:
     def options(self, op: str) -> CompileOptions:
         s = self.settings
         return CompileOptions(
-            backend=runtime.BACKEND, shape_range=self.shape_range(op), compile_on_miss=s.compile_on_miss,
+            backend=s.backend, shape_range=self.shape_range(op), compile_on_miss=s.compile_on_miss,
             store=runtime.store(), autosave=s.autosave, cover_range=s.cover_range,
             label=f"VAE {op} ({architecture_name(self.module)})",
         )
@@ -102,7 +102,7 @@ class VaeRunner:
         return FamilyKey(
             architecture=architecture_name(self.module), structure=self.forwards["decode"].structure(),
             signature=signature, dtype=dtype_name(module_dtype(self.module)), device=device_kind(self.device),
-            backend=runtime.BACKEND, torch_version=torch_version(),
+            backend=self.settings.backend, torch_version=torch_version(),
         )
 
 

@@ -67,3 +67,37 @@ def test_other_weights_and_in_place_changes_share_the_graphs(inductor_unet, test
         assert float((second - compiled.eager(*args, **kwargs)[0]).abs().max()) < TOLERANCE
     assert float((second - first).abs().max()) > 1e-3
     assert len(registry.compiles) == compiles and _unique_graphs() == graphs_before
+
+
+def test_covering_a_large_range_reads_guards_and_never_runs_its_corners(monkeypatch):
+    """The range's corners are checked against torch.compile's guards, not run: a 2048 px corner of a
+    UNet would take minutes on a CPU (the first ComfyUI run with this backend once took 18 minutes)."""
+    from compiler import ShapeRange
+    from compiler.backends.base import GraphMismatch
+    from compiler.backends.inductor import InductorGraph
+
+    runs = []
+    real_run = InductorGraph.run
+
+    def counted(self, module, call):
+        latent = next(tuple(shape) for shape in call.shapes if len(shape) == 4)
+        runs.append(latent)
+        if max(latent[-2:]) > 16:  # recorded for the assertion below, not run (it would take minutes)
+            raise GraphMismatch("a large corner was run")
+        return real_run(self, module, call)
+
+    monkeypatch.setattr(InductorGraph, "run", counted)
+    registry = GraphRegistry()
+    unet = tiny_unet(seed=3)
+    huge = ShapeRange(batch=(1, 8), spatial=(8, 2048), sequence=(1, 160))
+    compile_module(unet, CompileOptions(backend="inductor", shape_range=huge), registry)
+    args, kwargs = unet_inputs(2, 16, 16)
+    with torch.no_grad():
+        unet(*args, **kwargs)
+    # Runs: the first call, and one per graph compiled for a corner (small ones: batch 1 on CPU convolutions).
+    # Runs: one per compile (torch.compile builds on a run) and the first call's own; none at a corner
+    # no graph was compiled for, and none at the large corners.
+    assert len(runs) == len(registry.compiles) + 1, runs
+    assert all(shape[-1] <= 16 and shape[-2] <= 16 for shape in runs), runs
+    corner_compiles = [e.reason for e in registry.compiles if "range corner" in e.reason]
+    assert all("torch.compile would recompile" in reason for reason in corner_compiles), corner_compiles

@@ -35,6 +35,10 @@ class GraphMismatch(Exception):
     failed); the graph remembers it, and the dispatcher looks for another."""
 
 
+class GuardsUnknown(Exception):
+    """A graph's guards cannot be checked without running it here (the message says why)."""
+
+
 class BackendUnavailable(Exception):
     """The backend cannot run in this environment; the message says why."""
 
@@ -62,6 +66,16 @@ class CompiledGraph(ABC):
     def run(self, module: torch.nn.Module, call: FlatCall) -> Any:
         """Run with `module`'s current weights; returns the output structure."""
 
+    def guard_failure(self, module: torch.nn.Module, call: FlatCall) -> Optional[str]:
+        """Like why_not, for graphs whose guards need the module too; never runs the graph.
+
+        Covering a declared range asks this at the range's corners: running a
+        UNet at its largest corner (2048 px, batch 8) to learn a guard would cost
+        minutes on a CPU, or all of a GPU's memory. Raises GuardsUnknown when the
+        answer needs a run.
+        """
+        return self.why_not(call)
+
     @property
     def nbytes(self) -> int:
         return 0
@@ -78,9 +92,6 @@ class Backend(ABC):
     name: str = ""
     persistent: bool = False
     package_suffix: str = ""
-    # True when a graph's validity for a shape is only known by running it
-    # (torch.compile guards), so covering a range means running its corners.
-    covers_by_running: bool = False
     # A graph serves only the exact shapes it was built for (oneflow): warm up
     # declared shapes, never compile range corners, and allow more per family.
     static_shapes: bool = False

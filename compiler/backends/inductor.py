@@ -14,6 +14,10 @@ from surprising a user:
   the dispatcher decides -- a counted compile of a new graph, or eager with
   the reason. Each graph gets its own code object, so one family's graphs
   never use up another's recompile budget.
+- whether a graph serves a shape is answered from its guards (Dynamo's guard
+  manager for the graph's code object) without running it, so covering the
+  corners of a large declared range costs milliseconds, not a run at the
+  largest size.
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ from ..flat_module import FlatForward, module_tensors
 from ..keys import GraphKey
 from ..shapes import leaf_bounds
 from ..signature import FlatCall
-from .base import (Backend, CompileFailed, CompiledGraph, GraphMismatch, LeafBounds, Progress, no_progress,
-                   range_failure)
+from .base import (Backend, CompileFailed, CompiledGraph, GraphMismatch, GuardsUnknown, LeafBounds, Progress,
+                   no_progress, range_failure)
 
 _COUNTER = itertools.count()
 
@@ -94,6 +98,7 @@ class InductorGraph(CompiledGraph):
             return compile_fx(gm, example_inputs)
 
         entry = _fresh_entry_point(f"keepfast_graph_{next(_COUNTER)}")
+        self._code = entry.__code__
         self._compiled = torch.compile(entry, backend=count_and_compile, fullgraph=True)
 
     def why_not(self, call: FlatCall) -> Optional[str]:
@@ -102,11 +107,38 @@ class InductorGraph(CompiledGraph):
             return reason
         return range_failure(call.shapes, self.bounds, call.tensor_paths)
 
-    def run(self, module: torch.nn.Module, call: FlatCall) -> Any:
+    def _marked(self, call: FlatCall) -> List[torch.Tensor]:
         tensors = call.tensors
         for tensor, leaf in zip(tensors, self.bounds):
-            for dim, (low, high) in leaf.items():
+            for dim in leaf:
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)
+        return tensors
+
+    def guard_failure(self, module: torch.nn.Module, call: FlatCall) -> Optional[str]:
+        why = self.why_not(call)
+        if why:
+            return why
+        if not self.ready:
+            raise GuardsUnknown("the graph has not been compiled yet")
+        try:
+            from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+            managers = [entry.guard_manager for entry in _debug_get_cache_entry_list(self._code)]
+        except (ImportError, AttributeError, RuntimeError) as error:
+            raise GuardsUnknown(f"torch {torch.__version__} does not expose torch.compile's guards ({error})")
+        if not managers:
+            raise GuardsUnknown("torch.compile kept no guards for this graph")
+        scope = {"flat": self._flat, "params": module_tensors(module), "tensors": self._marked(call)}
+        with self._lock, _dynamic_settings():
+            if any(manager.check(scope) for manager in managers):
+                return None
+            failed = managers[0].check_verbose(scope).verbose_code_parts
+        reason = "torch.compile would recompile: " + (failed[0].split("  #")[0].strip() if failed else "a guard failed")
+        self._rejected[tuple(call.shapes)] = reason
+        return reason
+
+    def run(self, module: torch.nn.Module, call: FlatCall) -> Any:
+        tensors = self._marked(call)
         stance = "fail_on_recompile" if self.ready else "default"
         with self._lock, _dynamic_settings(), torch.compiler.set_stance(stance):
             try:
@@ -130,7 +162,6 @@ def _guard_text(error: BaseException) -> str:
 class InductorBackend(Backend):
     name = "inductor"
     persistent = False
-    covers_by_running = True
 
     def unavailable_reason(self) -> Optional[str]:
         if not hasattr(torch.compiler, "set_stance"):

@@ -64,6 +64,17 @@ def main(pack: str, base: str, checkpoint: str) -> dict:
     extension = asyncio.run(module.comfy_entrypoint())
     nodes = {node.__name__: node for node in asyncio.run(extension.get_node_list())}
     runtime = sys.modules[name + ".nodes.runtime"]
+
+    def model_speedup(model, **chosen):
+        """The node with its defaults, by input name (as ComfyUI calls it)."""
+        values = dict(min_resolution=64, max_resolution=2048, max_batch_size=4, compile=True, save_compiled=False,
+                      backend="aot")
+        return nodes["KeepFastModelSpeedup"].execute(model=model, **{**values, **chosen})
+
+    def vae_speedup(vae, **chosen):
+        values = dict(min_resolution=64, max_resolution=2048, max_batch_size=4, compile=True, backend="aot")
+        return nodes["KeepFastVAESpeedup"].execute(vae=vae, **{**values, **chosen})
+
     out = {"nodes": sorted(nodes)}
     paths, extensions = folder_paths.folder_names_and_paths["graphs"]
     out["graphs_paths"] = list(paths)
@@ -73,8 +84,8 @@ def main(pack: str, base: str, checkpoint: str) -> dict:
     from comfy.patcher_extension import WrappersMP
 
     model, clip, vae, _ = comfy.sd.load_checkpoint_guess_config(folder_paths.get_full_path("checkpoints", checkpoint))
-    faster = nodes["KeepFastModelSpeedup"].execute(model, 64, 2048, 4, True, False).args[0]
-    faster_vae = nodes["KeepFastVAESpeedup"].execute(vae, 64, 2048, 4, True).args[0]
+    faster = model_speedup(model).args[0]
+    faster_vae = vae_speedup(vae).args[0]
     out["model_is_clone"] = faster is not model and faster.model is model.model
     out["input_model_wrappers"] = sorted(model.wrappers.get(WrappersMP.DIFFUSION_MODEL, {}))
     out["output_model_wrappers"] = sorted(faster.wrappers.get(WrappersMP.DIFFUSION_MODEL, {}))
@@ -83,7 +94,7 @@ def main(pack: str, base: str, checkpoint: str) -> dict:
     out["output_vae_decode"] = type(faster_vae.first_stage_model.decode).__name__
     out["vae_weights_shared"] = all(
         a is b for a, b in zip(vae.first_stage_model.parameters(), faster_vae.first_stage_model.parameters()))
-    again = nodes["KeepFastModelSpeedup"].execute(faster, 64, 1024, 2, True, False).args[0]
+    again = model_speedup(faster, max_resolution=1024, max_batch_size=2).args[0]
     out["respeed_wrappers"] = [len(again.wrappers[WrappersMP.DIFFUSION_MODEL]["keepfast"]),
                                len(again.wrappers[WrappersMP.APPLY_MODEL]["keepfast"])]
 
@@ -97,7 +108,7 @@ def main(pack: str, base: str, checkpoint: str) -> dict:
         seen.append(type(executor.class_obj).__name__)
         return executor(*args, **kwargs)
 
-    no_compile = nodes["KeepFastModelSpeedup"].execute(model, 64, 2048, 4, False, False).args[0]
+    no_compile = model_speedup(model, compile=False).args[0]
     chained = no_compile.clone()
     chained.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, "other_pack", other_wrapper)
     positive = clip.encode_from_tokens_scheduled(clip.tokenize("a cat"))
@@ -117,11 +128,27 @@ def main(pack: str, base: str, checkpoint: str) -> dict:
     out["progress"], out["sent"] = capture_server(comfy.utils, runtime)
 
     reason = "the aot backend needs torch >= 2.6 (AOTInductor packages); this is torch 2.5.1"
-    runtime.compile_unavailable = lambda: reason
+    # A backend that does not run here (OneFlow is not installed in ComfyUI's Python): offered or not, a
+    # workflow naming it passes validation and the speedup nodes pass their input through with the reason.
+    oneflow_reason = sys.modules[name + ".compiler"].unavailable_reason("oneflow")
+    out["backend_choices"] = runtime.backend_choices()
+    out["oneflow_reason"] = oneflow_reason
+    out["backend_tooltip"] = runtime.backend_tooltip()
+    out["backend_validation"] = [nodes["KeepFastModelSpeedup"].validate_inputs("oneflow"),
+                                 nodes["KeepFastVAESpeedup"].validate_inputs("inductor"),
+                                 nodes["KeepFastModelSpeedup"].validate_inputs("tensorrt")]
+    result = model_speedup(model, backend="oneflow")
+    vae_result = vae_speedup(vae, backend="oneflow")
+    out["oneflow_passthrough"] = [result.args[0] is model, oneflow_reason in result.ui["text"][0],
+                                  vae_result.args[0] is vae, oneflow_reason in vae_result.ui["text"][0]]
+    chosen = model_speedup(model, backend="inductor").args[0]
+    out["inductor_runner_backend"] = sys.modules[name + ".nodes.unet"].runner_of(chosen).settings.backend
+
+    runtime.compile_unavailable = lambda backend="aot": reason
     passed = {}
-    result = nodes["KeepFastModelSpeedup"].execute(model, 64, 2048, 4, True, False)
+    result = model_speedup(model)
     passed["model_speedup"] = [result.args[0] is model, reason in result.ui["text"][0]]
-    result = nodes["KeepFastVAESpeedup"].execute(vae, 64, 2048, 4, True)
+    result = vae_speedup(vae)
     passed["vae_speedup"] = [result.args[0] is vae, reason in result.ui["text"][0]]
     result = nodes["KeepFastSaveGraph"].execute("x", model=model, vae=vae)
     passed["save_graph"] = [result.args[0] is model and result.args[1] is vae, reason in result.args[2]]

@@ -442,3 +442,43 @@ def test_corrupt_files_in_graphs_folder(server):
         package.write_bytes(data)
         shutil.rmtree(broken, ignore_errors=True)
         shutil.rmtree(copied, ignore_errors=True)
+
+
+# -- the backend choice ----------------------------------------------------------------------
+
+def _with_backend(prompt: dict, backend: str) -> dict:
+    S.set_inputs(prompt, "KeepFastModelSpeedup", backend=backend)
+    S.set_inputs(prompt, "KeepFastVAESpeedup", backend=backend)
+    return prompt
+
+
+def test_a_backend_that_does_not_run_here_passes_through_with_the_reason(server):
+    """A workflow saved where OneFlow runs still runs here (ComfyUI's Python has no OneFlow): uncompiled."""
+    assert "oneflow" not in server.object_info()["KeepFastModelSpeedup"]["input"]["required"]["backend"][0]
+    reason = server.stats()["backends"]["oneflow"]
+    assert "oneflow is not installed" in reason
+    prompt = _with_backend(txt2img(server, seed=120), "oneflow")
+    entry, images, delta = run(server, prompt)
+    assert len(images) == 1
+    assert delta["compiles"] == 0 and delta["unet_graph_calls"] == 0 and delta["vae_graph_calls"] == 0, delta
+    texts = server.texts(entry)
+    for node in ("KeepFastModelSpeedup", "KeepFastVAESpeedup"):
+        report = next(t for i, t in texts.items() if prompt[i]["class_type"] == node)
+        assert "the oneflow backend is unavailable here" in report and reason in report, report
+    assert_same_image(images[0], eager_images(server, prompt)[0], "oneflow chosen, uncompiled")
+
+
+def test_inductor_backend_serves_new_shapes_without_compiling(server):
+    """torch.compile (in memory) chosen on the nodes: after the first image, other sizes compile nothing."""
+    first = _with_backend(txt2img(server, width=256, height=256, seed=130), "inductor")
+    entry, images, delta = run(server, first)
+    assert delta["compiles"] >= 1 and delta["unet_eager_calls"] == 0 and delta["vae_eager_calls"] == 0, delta
+    inductor_graphs = [g for g in server.stats()["graphs"] if "inductor" in g["family"]]
+    assert inductor_graphs, server.stats()["graphs"]
+    assert_same_image(images[0], eager_images(server, first)[0], "inductor 256x256")
+    for case in (dict(width=320, height=256), dict(width=256, height=384, batch=2)):
+        prompt = _with_backend(txt2img(server, seed=131, **case), "inductor")
+        entry, images, delta = run(server, prompt)
+        assert_served(delta, vae=True)
+        for a, b in zip(images, eager_images(server, prompt)):
+            assert_same_image(a, b, f"inductor {case}")
