@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated subset of {','.join(MODELS)}")
     parser.add_argument("--variants", type=lambda t: _names(t, VARIANT_NAMES), default=list(VARIANT_NAMES),
                         help=f"comma-separated subset of {','.join(VARIANT_NAMES)}")
-    parser.add_argument("--reps", type=int, default=None, help="timed eager/compiled pairs per shape (default 5)")
+    parser.add_argument("--reps", type=int, default=None, help="timed eager/compiled pairs per shape (default 11 with --quick, else 5)")
     parser.add_argument("--no-comfy", action="store_true", help="skip the ComfyUI part even with COMFYUI_PATH set")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, caches, graphs)")
     parser.add_argument("--job-timeout", type=float, default=None, help="seconds per configuration")

@@ -253,16 +253,30 @@ def _run_mode(mode: str, server: Server, config: Dict[str, Any], speedup: dict, 
     after_sweep = server.compiles(mode)
     out["compiles_sweep_after_first"] = (after_sweep.get("compiles") or 0) - (before.get("compiles") or 0) \
         - out["compiles_first_image"]
+    # steady it/s from the time difference between two step counts, at the first size, batch 1; in the
+    # modes with a node, alternating with the same prompt without it in the same server (the loader's
+    # model is left as it is by both nodes), so a change of load on the machine hits both alike
     low, high = config["rate_steps"]
     width, height = config["sizes"][0]
-    lows, highs = [], []
+    runs: Dict[Tuple[str, int], List[float]] = {}
+    kinds = [mode] if mode == "none" else [mode, "none"]
     for rep in range(config["rate_reps"]):
-        for steps, into in ((low, lows), (high, highs)) if rep % 2 == 0 else ((high, highs), (low, lows)):
+        order = [(kind, steps) for kind in kinds for steps in (low, high)]
+        for kind, steps in (order if rep % 2 == 0 else order[::-1]):
             seed += 1
-            into.append(server.run(prompt(mode, width, height, 1, steps, seed, speedup)))
-    difference = statistics.median(highs) - statistics.median(lows)
-    out["steady_it_s"] = (high - low) / difference if difference > 0 else None
-    out["steady_prompt_s"] = {str(low): statistics.median(lows), str(high): statistics.median(highs)}
+            runs.setdefault((kind, steps), []).append(
+                server.run(prompt(kind, width, height, 1, steps, seed, speedup)))
+
+    def rate(kind: str) -> Optional[float]:
+        difference = statistics.median(runs[(kind, high)]) - statistics.median(runs[(kind, low)])
+        return (high - low) / difference if difference > 0 else None
+
+    out["steady_it_s"] = rate(mode)
+    out["steady_prompt_s"] = {f"{kind} {steps} steps": statistics.median(times) for (kind, steps), times in runs.items()}
+    if mode != "none":
+        out["eager_it_s_same_server"] = rate("none")
+        if out["steady_it_s"] and out["eager_it_s_same_server"]:
+            out["steady_vs_eager_same_server"] = out["steady_it_s"] / out["eager_it_s_same_server"]
     final = server.compiles(mode)
     out["counters"] = final
     out["compiles"] = (final.get("compiles") or 0) - (before.get("compiles") or 0)

@@ -90,6 +90,8 @@ def model_summary(name: str, jobs: Dict[str, dict], spec: Optional[dict] = None)
             row[f"{variant}_eager_s"] = cell["eager_median_s"]
             row[f"{variant}_vs_eager"] = cell["eager_median_s"] / cell["compiled_median_s"]
             row[f"{variant}_compiles_during"] = cell.get("compiles_during", 0)
+            if cell.get("eager_min_s") and cell.get("compiled_min_s"):
+                row[f"{variant}_vs_eager_fastest"] = cell["eager_min_s"] / cell["compiled_min_s"]
         row["eager_s"] = statistics.median(eagers) if eagers else None
         for variant in OURS:
             if f"{variant}_vs_eager" in row and "torch_compile_vs_eager" in row:
@@ -105,7 +107,8 @@ def model_summary(name: str, jobs: Dict[str, dict], spec: Optional[dict] = None)
     ratios = {}
     for variant in COMPILED:
         value = geomean(row.get(f"{variant}_vs_eager") for row in steady.values())
-        ratios[variant] = {"vs_eager": _round(value)}
+        ratios[variant] = {"vs_eager": _round(value), "vs_eager_fastest": _round(
+            geomean(row.get(f"{variant}_vs_eager_fastest") for row in steady.values()))}
         if variant != "torch_compile":
             ratios[variant]["vs_torch_compile"] = _round(
                 geomean(row.get(f"{variant}_vs_torch_compile") for row in steady.values()))
@@ -248,22 +251,35 @@ def markdown(summary: Dict[str, Any]) -> str:
             for variant, why in model["variants_failed"].items():
                 add(f"- {variant}: not run or failed: {str(why).splitlines()[0][:300]}")
             add("")
-        add("Steady state, seconds per call (ratio = times faster):")
+        add("Steady state, seconds per call, each variant's median next to the median of the eager calls "
+            "alternating with it in the same process (ratio = times faster):")
         add("")
-        add("| batch x h x w (latent) | eager | torch.compile | ours inductor | ours aot (loaded) "
-            "| torch.compile vs eager | ours aot vs eager | ours aot vs torch.compile | ours inductor vs torch.compile |")
+        add("| batch x h x w (latent) | torch.compile / eager | ours inductor / eager | ours aot (loaded) / eager "
+            "| torch.compile vs eager | ours aot vs eager | ours aot vs torch.compile | ours inductor vs eager "
+            "| ours inductor vs torch.compile |")
         add("|---|---|---|---|---|---|---|---|---|")
+
+        def pair(row, variant):
+            if row.get(f"{variant}_s") is None:
+                return "not run"
+            return f"{row[f'{variant}_s']:.4f} / {row[f'{variant}_eager_s']:.4f}"
+
         for key, row in (model.get("steady") or {}).items():
-            add(f"| {key} | {_fmt(row.get('eager_s'), 4)} | {_fmt(row.get('torch_compile_s'), 4)} "
-                f"| {_fmt(row.get('ours_inductor_s'), 4)} | {_fmt(row.get('ours_aot_load_s'), 4)} "
+            add(f"| {key} | {pair(row, 'torch_compile')} | {pair(row, 'ours_inductor')} | {pair(row, 'ours_aot_load')} "
                 f"| {_ratio(row.get('torch_compile_vs_eager'))} | {_ratio(row.get('ours_aot_load_vs_eager'))} "
-                f"| {_ratio(row.get('ours_aot_load_vs_torch_compile'))} "
+                f"| {_ratio(row.get('ours_aot_load_vs_torch_compile'))} | {_ratio(row.get('ours_inductor_vs_eager'))} "
                 f"| {_ratio(row.get('ours_inductor_vs_torch_compile'))} |")
         ratios = model.get("steady_ratios") or {}
-        add(f"| geometric mean | | | | | {_ratio(ratios.get('torch_compile', {}).get('vs_eager'))} "
+        add(f"| geometric mean | | | | {_ratio(ratios.get('torch_compile', {}).get('vs_eager'))} "
             f"| {_ratio(ratios.get('ours_aot_load', {}).get('vs_eager'))} "
             f"| {_ratio(ratios.get('ours_aot_load', {}).get('vs_torch_compile'))} "
+            f"| {_ratio(ratios.get('ours_inductor', {}).get('vs_eager'))} "
             f"| {_ratio(ratios.get('ours_inductor', {}).get('vs_torch_compile'))} |")
+        fastest = {v: ratios.get(v, {}).get("vs_eager_fastest") for v in COMPILED}
+        if any(fastest.values()):
+            add("")
+            add("From the fastest timed call of each kind instead of the median (less sensitive to load spikes): "
+                + ", ".join(f"{SHORT[v]} {_ratio(fastest[v])} vs eager" for v in COMPILED) + ".")
         for key, cell in (model.get("torch_compile_static") or {}).items():
             add("")
             add(f"torch.compile before any other shape (graph specialised to {key}): {_fmt(cell['compiled_s'], 4)} s "
@@ -319,13 +335,16 @@ def comfy_markdown(comfy: Dict[str, Any]) -> str:
     lines.append(comfy.get("description", ""))
     lines.append("")
     lines.append("| mode | server start to first image, s | first prompt, s | sweep wall, s | compiles (whole run) "
-                 "| steady it/s | peak RSS, MB | notes |")
-    lines.append("|---|---|---|---|---|---|---|---|")
+                 "| compiles in the sweep after the first image | steady it/s | eager it/s, same server | "
+                 "vs eager, same server | peak RSS, MB | notes |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for mode in comfy.get("modes", []):
         lines.append(
             f"| {mode.get('label', mode.get('mode'))} | {_fmt(mode.get('start_to_first_image_s'), 1)} "
             f"| {_fmt(mode.get('first_prompt_s'), 1)} | {_fmt(mode.get('sweep_wall_s'), 1)} "
-            f"| {_fmt(mode.get('compiles'))} | {_fmt(mode.get('steady_it_s'), 2)} "
+            f"| {_fmt(mode.get('compiles'))} | {_fmt(mode.get('compiles_sweep_after_first'))} "
+            f"| {_fmt(mode.get('steady_it_s'), 2)} | {_fmt(mode.get('eager_it_s_same_server'), 2)} "
+            f"| {_ratio(mode.get('steady_vs_eager_same_server'))} "
             f"| {_fmt(mode.get('peak_rss_mb'), 0)} | {mode.get('error') or mode.get('note') or ''} |")
     return "\n".join(lines) + "\n"
 
@@ -353,6 +372,7 @@ def chart(summary: Dict[str, Any], path: Path) -> Optional[str]:
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.axhline(1.2, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_ylim(0, max([ax.get_ylim()[1], 1.3]) * 1.15)
     ax.set_xticks(range(len(names)), names)
     ax.set_title("steady state: times faster than eager")
     ax.legend(fontsize=7)
@@ -366,6 +386,8 @@ def chart(summary: Dict[str, Any], path: Path) -> Optional[str]:
         bars = ax.bar([i + (index - 1.5) * step for i in range(len(names))], values, step, label=label)
         ax.bar_label(bars, fmt="%.1f", fontsize=7)
     ax.set_yscale("symlog", linthresh=1)
+    top = max([(models[n].get("first_call_s") or {}).get(v) or 0 for n in names for v, _ in variants] + [1])
+    ax.set_ylim(0, top * 12)
     ax.set_xticks(range(len(names)), names)
     ax.set_title("first call after the model is built (s)")
     ax.legend(fontsize=7)
@@ -377,6 +399,7 @@ def chart(summary: Dict[str, Any], path: Path) -> Optional[str]:
         ax.bar_label(bars, fmt="%d", fontsize=7)
     ax.set_xticks(range(len(names)), names)
     ax.set_title("compiles over the 5x3 sweep (after the first call)")
+    ax.set_ylim(0, max(ax.get_ylim()[1], 1) * 1.25)
     ax.legend(fontsize=7)
 
     fig.suptitle(f"KeepFast bench ({summary.get('profile')}, {summary.get('device')} {summary.get('dtype')}, "

@@ -233,6 +233,7 @@ def _steady(timed, eager_fn, compiled_fn, shapes, reps: int, count) -> Dict[str,
         out["x".join(map(str, shape))] = {
             "shape": list(shape), "eager": eager, "compiled": compiled,
             "eager_median_s": statistics.median(eager), "compiled_median_s": statistics.median(compiled),
+            "eager_min_s": min(eager), "compiled_min_s": min(compiled),
             "compiles_during": count() - before,
         }
     return out
