@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from comfy_api.latest import ComfyExtension, io
 
-from ..compiler import backend_names
+from ..compiler import DEFAULT_BACKEND, backend_names
 from ..compiler.comfy_adapter import parse_batch_sizes, parse_resolutions
 from . import operations, runtime
 from .operations import Report
@@ -29,12 +29,15 @@ def _range_inputs():
 
 def _backend_input():
     choices = runtime.backend_choices()
-    return io.Combo.Input("backend", options=choices, default=choices[0], tooltip=runtime.backend_tooltip())
+    # optional: API-format prompts written before this input existed leave it out (the default serves them)
+    return io.Combo.Input("backend", options=choices, default=choices[0], tooltip=runtime.backend_tooltip(),
+                          optional=True)
 
 
 def _validate_backend(backend: str):
     """Any registered backend passes, offered here or not: a workflow from a machine with OneFlow still runs
-    here, its model passing through uncompiled with the reason (ComfyUI's own check would stop the workflow)."""
+    here, its model passing through uncompiled with the reason (ComfyUI's own check would stop the workflow).
+    The input is optional (see _backend_input), so `backend` may not be passed at all."""
     if backend in backend_names():
         return True
     return f"unknown backend {backend!r}; choose one of {', '.join(runtime.backend_choices())}"
@@ -70,11 +73,12 @@ class KeepFastModelSpeedup(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, backend):
+    def validate_inputs(cls, backend=DEFAULT_BACKEND):
         return _validate_backend(backend)
 
     @classmethod
-    def execute(cls, model, min_resolution, max_resolution, max_batch_size, compile, save_compiled, backend):
+    def execute(cls, model, min_resolution, max_resolution, max_batch_size, compile, save_compiled,
+                backend=DEFAULT_BACKEND):
         runtime.setup()
         report = Report("KeepFast Model Speedup")
         out, _ = operations.model_speedup(
@@ -96,11 +100,11 @@ class KeepFastVAESpeedup(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, backend):
+    def validate_inputs(cls, backend=DEFAULT_BACKEND):
         return _validate_backend(backend)
 
     @classmethod
-    def execute(cls, vae, min_resolution, max_resolution, max_batch_size, compile, backend):
+    def execute(cls, vae, min_resolution, max_resolution, max_batch_size, compile, backend=DEFAULT_BACKEND):
         runtime.setup()
         report = Report("KeepFast VAE Speedup")
         out, _ = operations.vae_speedup(

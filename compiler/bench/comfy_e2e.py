@@ -303,7 +303,7 @@ def run_comfy(work: Path, quick: bool = False, keep: bool = False) -> Dict[str, 
         return {"run": False, "why": f"building the checkpoint failed: {error}"}
     widths = [v for size in config["sizes"] for v in size]
     speedup = {"min_resolution": min(widths), "max_resolution": max(widths),
-               "max_batch_size": max(config["batches"]), "compile": True}
+               "max_batch_size": max(config["batches"]), "compile": True, "backend": "aot"}
     result: Dict[str, Any] = {
         "run": True, "comfyui_path": str(root), "python": python, "config": {k: v for k, v in config.items()},
         "description": (f"txt2img, tiny SD1.5-layout checkpoint built with ComfyUI's classes (13.6M-parameter UNet, "

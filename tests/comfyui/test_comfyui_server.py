@@ -454,7 +454,7 @@ def _with_backend(prompt: dict, backend: str) -> dict:
 
 def test_a_backend_that_does_not_run_here_passes_through_with_the_reason(server):
     """A workflow saved where OneFlow runs still runs here (ComfyUI's Python has no OneFlow): uncompiled."""
-    assert "oneflow" not in server.object_info()["KeepFastModelSpeedup"]["input"]["required"]["backend"][0]
+    assert "oneflow" not in server.object_info()["KeepFastModelSpeedup"]["input"]["optional"]["backend"][0]
     reason = server.stats()["backends"]["oneflow"]
     assert "oneflow is not installed" in reason
     prompt = _with_backend(txt2img(server, seed=120), "oneflow")
@@ -466,6 +466,18 @@ def test_a_backend_that_does_not_run_here_passes_through_with_the_reason(server)
         report = next(t for i, t in texts.items() if prompt[i]["class_type"] == node)
         assert "the oneflow backend is unavailable here" in report and reason in report, report
     assert_same_image(images[0], eager_images(server, prompt)[0], "oneflow chosen, uncompiled")
+
+
+def test_a_prompt_written_before_the_backend_input_existed_still_runs(server):
+    """API-format prompts saved by an earlier version have no `backend`: the default serves them."""
+    run(server, txt2img(server, seed=125))  # compiles if nothing did yet
+    prompt = txt2img(server, seed=126)
+    for node in ("KeepFastModelSpeedup", "KeepFastVAESpeedup"):
+        for node_id in S.nodes_of(prompt, node):
+            del prompt[node_id]["inputs"]["backend"]
+    entry, images, delta = run(server, prompt)
+    assert len(images) == 1
+    assert_served(delta, vae=True)
 
 
 def test_inductor_backend_serves_new_shapes_without_compiling(server):
