@@ -53,6 +53,21 @@ def _ui(text: str) -> dict:
     return {"text": [text]}
 
 
+def _graph_tool_schema(node_id: str, display_name: str, description: str, inputs: list):
+    """Save, Load and Warmup Graph: MODEL and/or VAE in and out (served by graphs), plus a report."""
+    return io.Schema(
+        node_id=node_id, display_name=display_name, category=CATEGORY, description=description,
+        inputs=[io.Model.Input("model", optional=True), io.Vae.Input("vae", optional=True)] + inputs,
+        outputs=[io.Model.Output(), io.Vae.Output(), io.String.Output(display_name="report")],
+        is_output_node=True,
+    )
+
+
+def _reported(model_out, vae_out, report: Report):
+    text = report.text()
+    return io.NodeOutput(model_out, vae_out, text, ui=_ui(text))
+
+
 class KeepFastModelSpeedup(io.ComfyNode):
     @classmethod
     def define_schema(cls):
@@ -115,19 +130,11 @@ class KeepFastVAESpeedup(io.ComfyNode):
 class KeepFastSaveGraph(io.ComfyNode):
     @classmethod
     def define_schema(cls):
-        return io.Schema(
-            node_id="KeepFastSaveGraph",
-            display_name="KeepFast Save Graph",
-            category=CATEGORY,
-            description="Compile now (no image needed) and write the graphs of the model and/or VAE into "
-                        "models/graphs, listed under NAME for Load Graph. Graphs hold no weights.",
-            inputs=[
-                io.Model.Input("model", optional=True),
-                io.Vae.Input("vae", optional=True),
-                io.String.Input("name", default="keepfast", tooltip="The graph set's name in models/graphs."),
-            ],
-            outputs=[io.Model.Output(), io.Vae.Output(), io.String.Output(display_name="report")],
-            is_output_node=True,
+        return _graph_tool_schema(
+            "KeepFastSaveGraph", "KeepFast Save Graph",
+            "Compile now (no image needed) and write the graphs of the model and/or VAE into models/graphs, "
+            "listed under NAME for Load Graph. Graphs hold no weights.",
+            [io.String.Input("name", default="keepfast", tooltip="The graph set's name in models/graphs.")],
         )
 
     @classmethod
@@ -137,24 +144,18 @@ class KeepFastSaveGraph(io.ComfyNode):
         if model is None and vae is None:
             report.add("connect a MODEL and/or a VAE")
         model_out, vae_out = operations.save(model, vae, name, report)
-        text = report.text()
-        return io.NodeOutput(model_out, vae_out, text, ui=_ui(text))
+        return _reported(model_out, vae_out, report)
 
 
 class KeepFastLoadGraph(io.ComfyNode):
     @classmethod
     def define_schema(cls):
-        return io.Schema(
-            node_id="KeepFastLoadGraph",
-            display_name="KeepFast Load Graph",
-            category=CATEGORY,
-            description="Serve the model and/or VAE from graphs in models/graphs, loaded now: a graph set "
-                        "written by Save Graph, one graph, or every stored graph that fits. A graph of another "
-                        "architecture, dtype, torch version or device is refused with the reason; the workflow "
-                        "goes on (compiling, or uncompiled).",
-            inputs=[
-                io.Model.Input("model", optional=True),
-                io.Vae.Input("vae", optional=True),
+        return _graph_tool_schema(
+            "KeepFastLoadGraph", "KeepFast Load Graph",
+            "Serve the model and/or VAE from graphs in models/graphs, loaded now: a graph set written by Save "
+            "Graph, one graph, or every stored graph that fits. A graph of another architecture, dtype, torch "
+            "version or device is refused with the reason; the workflow goes on (compiling, or uncompiled).",
+            [
                 io.Combo.Input("graph", options=operations.graph_choices(), default=operations.AUTO),
                 io.Boolean.Input("compile_if_missing", default=True,
                                  tooltip="Compile calls no loaded graph serves; off: they run uncompiled."),
@@ -162,8 +163,6 @@ class KeepFastLoadGraph(io.ComfyNode):
                                  tooltip="Add the chosen graphs to this machine's trust list (graphs are native "
                                          "code; ones built elsewhere load only when trusted)."),
             ],
-            outputs=[io.Model.Output(), io.Vae.Output(), io.String.Output(display_name="report")],
-            is_output_node=True,
         )
 
     @classmethod
@@ -171,22 +170,17 @@ class KeepFastLoadGraph(io.ComfyNode):
         runtime.setup()
         report = Report(f"KeepFast Load Graph '{graph}'")
         model_out, vae_out = operations.load(model, vae, graph, compile_if_missing, trust_graph, report)
-        text = report.text()
-        return io.NodeOutput(model_out, vae_out, text, ui=_ui(text))
+        return _reported(model_out, vae_out, report)
 
 
 class KeepFastWarmupGraphs(io.ComfyNode):
     @classmethod
     def define_schema(cls):
-        return io.Schema(
-            node_id="KeepFastWarmupGraphs",
-            display_name="KeepFast Warmup Graphs",
-            category=CATEGORY,
-            description="Make sure graphs serve these resolutions and batch sizes before the first image "
-                        "(compiling or loading now), so no image waits for a compile.",
-            inputs=[
-                io.Model.Input("model", optional=True),
-                io.Vae.Input("vae", optional=True),
+        return _graph_tool_schema(
+            "KeepFastWarmupGraphs", "KeepFast Warmup Graphs",
+            "Make sure graphs serve these resolutions and batch sizes before the first image (compiling or "
+            "loading now), so no image waits for a compile.",
+            [
                 io.String.Input("resolutions", default="512x512, 768x768",
                                 tooltip="WIDTHxHEIGHT, comma-separated."),
                 io.String.Input("batch_sizes", default="1", tooltip="Images per batch, comma-separated."),
@@ -194,12 +188,10 @@ class KeepFastWarmupGraphs(io.ComfyNode):
                                  tooltip="Also make VAE Encode graphs (img2img, inpainting); decode is always "
                                          "included."),
             ],
-            outputs=[io.Model.Output(), io.Vae.Output(), io.String.Output(display_name="report")],
-            is_output_node=True,
         )
 
     @classmethod
-    def validate_inputs(cls, resolutions, batch_sizes, **kwargs):
+    def validate_inputs(cls, resolutions, batch_sizes):
         try:
             if not parse_resolutions(resolutions):
                 return "give at least one resolution, e.g. 512x512"
@@ -216,8 +208,7 @@ class KeepFastWarmupGraphs(io.ComfyNode):
         report = Report("KeepFast Warmup Graphs")
         ops = ("decode", "encode") if vae_encode else ("decode",)
         model_out, vae_out = operations.warm(model, vae, sizes, batches, report, vae_ops=ops)
-        text = report.text()
-        return io.NodeOutput(model_out, vae_out, text, ui=_ui(text))
+        return _reported(model_out, vae_out, report)
 
 
 class KeepFastGraphStats(io.ComfyNode):

@@ -53,19 +53,25 @@ def graph_choices() -> List[str]:
 
 # -- speeding up -------------------------------------------------------------------
 
-def model_speedup(model, settings: Settings, report: Report):
+def _backend_unavailable(node: str, what: str, settings: Settings, report: Report) -> bool:
+    """True (with the reason reported and noted) when the chosen backend cannot run here."""
     reason = runtime.compile_unavailable(settings.backend)
     if reason:
-        report.add(f"the {settings.backend} backend is unavailable here ({reason}); the model passes through "
+        report.add(f"the {settings.backend} backend is unavailable here ({reason}); the {what} passes through "
                    "unchanged")
-        runtime.note("fallback", f"Model Speedup: {reason}; the model runs uncompiled")
+        runtime.note("fallback", f"{node}: {reason}; the {what} runs uncompiled")
+    return reason is not None
+
+
+def model_speedup(model, settings: Settings, report: Report):
+    if _backend_unavailable("Model Speedup", "model", settings, report):
         return model, None
     faster, runner = unet.speed_up(model, settings)
     module = faster.get_model_object("diffusion_model")
     forward = runner.forward_for(module)
     r = settings.unet_range()
-    report.add(f"{forward.label}: served by {settings.backend} graphs for images {settings.min_size}-{settings.max_size} px, "
-               f"batch up to {settings.max_batch} (cond+uncond up to {r.batch[1]}), prompts up to "
+    report.add(f"{forward.label}: served by {settings.backend} graphs for images "
+               f"{settings.min_size}-{settings.max_size} px, batch up to {settings.max_batch} (cond+uncond up to {r.batch[1]}), prompts up to "
                f"{r.sequence[1]} tokens")
     report.add(_stored_summary(forward))
     if not settings.compile_on_miss:
@@ -74,11 +80,7 @@ def model_speedup(model, settings: Settings, report: Report):
 
 
 def vae_speedup(vae, settings: Settings, report: Report):
-    reason = runtime.compile_unavailable(settings.backend)
-    if reason:
-        report.add(f"the {settings.backend} backend is unavailable here ({reason}); the VAE passes through "
-                   "unchanged")
-        runtime.note("fallback", f"VAE Speedup: {reason}; the VAE runs uncompiled")
+    if _backend_unavailable("VAE Speedup", "VAE", settings, report):
         return vae, None
     try:
         faster, runner = vae_side.speed_up(vae, settings)

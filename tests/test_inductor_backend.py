@@ -7,7 +7,7 @@ import torch
 
 from compiler import CompileOptions, GraphRegistry, compile_module
 from compiler.tiny_models import tiny_unet
-from tests.support.inputs import TEXT_LENGTHS, UNET_SWEEP, unet_inputs
+from tests.support.inputs import UNET_SWEEP, unet_inputs, unet_sweep_worst_difference
 
 TOLERANCE = 1e-4
 
@@ -39,14 +39,7 @@ def test_first_call_compiles_with_reasons(inductor_unet):
 def test_sweep_after_first_call_compiles_nothing(inductor_unet):
     unet, compiled, registry = inductor_unet
     compiles, graphs_before, fallbacks = len(registry.compiles), _unique_graphs(), len(registry.fallbacks)
-    worst = 0.0
-    with torch.no_grad():
-        for shape in UNET_SWEEP:
-            for length in TEXT_LENGTHS:
-                args, kwargs = unet_inputs(*shape, length=length)
-                out = unet(*args, **kwargs)[0]
-                ref = compiled.eager(*args, **kwargs)[0]
-                worst = max(worst, float((out - ref).abs().max()))
+    worst = unet_sweep_worst_difference(unet, compiled.eager)
     assert len(registry.compiles) == compiles
     assert _unique_graphs() == graphs_before  # torch's own count of compiled graphs
     assert len(registry.fallbacks) == fallbacks, [e.reason for e in registry.fallbacks]

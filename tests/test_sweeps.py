@@ -6,7 +6,7 @@ import torch
 
 from compiler.cli import main as cli_main
 from compiler.diffusers_api import compiled_parts
-from tests.support.inputs import TEXT_LENGTHS, UNET_SWEEP, VAE_SWEEP, latents, unet_inputs
+from tests.support.inputs import TEXT_LENGTHS, UNET_SWEEP, VAE_SWEEP, latents, unet_inputs, unet_sweep_worst_difference
 
 TOLERANCE = 1e-4  # float32 graph vs eager, seen ~2e-6
 
@@ -43,15 +43,7 @@ def test_unet_resolution_batch_and_text_length_sweep_compiles_nothing(saved_pipe
     compiled = compiled_parts(saved_pipe.pipe)["unet"]
     compiles, fallbacks = len(registry.compiles), len(registry.fallbacks)
     torch_calls = _count_torch_compiles(monkeypatch)
-    worst = 0.0
-    with torch.no_grad():
-        for shape in UNET_SWEEP:
-            for length in TEXT_LENGTHS:
-                args, kwargs = unet_inputs(*shape, length=length)
-                out = unet(*args, **kwargs)[0]
-                ref = compiled.eager(*args, **kwargs)[0]
-                assert out.shape == ref.shape
-                worst = max(worst, float((out - ref).abs().max()))
+    worst = unet_sweep_worst_difference(unet, compiled.eager)
     assert len(registry.compiles) == compiles, [e.reason for e in registry.compiles[compiles:]]
     assert torch_calls == {"export": 0, "aoti": 0}
     assert len(registry.fallbacks) == fallbacks, [e.reason for e in registry.fallbacks[fallbacks:]]

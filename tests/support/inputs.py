@@ -21,3 +21,17 @@ def unet_inputs(batch: int, height: int, width: int, length: int = 77, seed: int
 def latents(batch: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed + batch * 1000 + height * 10 + width)
     return torch.randn(batch, 4, height, width, generator=generator)
+
+
+def unet_sweep_worst_difference(unet, eager) -> float:
+    """Run the tiny UNet over every sweep shape and text length; the largest |out - eager| seen."""
+    worst = 0.0
+    with torch.no_grad():
+        for shape in UNET_SWEEP:
+            for length in TEXT_LENGTHS:
+                args, kwargs = unet_inputs(*shape, length=length)
+                out = unet(*args, **kwargs)[0]
+                ref = eager(*args, **kwargs)[0]
+                assert out.shape == ref.shape
+                worst = max(worst, float((out - ref).abs().max()))
+    return worst
