@@ -173,8 +173,13 @@ class MultiRootStore(GraphStore):
         self.others = [GraphStore(root, self.trust) for root in roots[1:]]
 
     @property
+    def stores(self) -> List[GraphStore]:
+        """Every folder's store, the one written into first."""
+        return [self] + self.others
+
+    @property
     def roots(self) -> List[Path]:
-        return [self.root] + [store.root for store in self.others]
+        return [store.root for store in self.stores]
 
     def lookup(self, family: FamilyKey, call: FlatCall) -> Tuple[Optional[StoredGraph], List[str]]:
         found, notes = super().lookup(family, call)
@@ -188,7 +193,7 @@ class MultiRootStore(GraphStore):
     def store_for(self, path: Path) -> Tuple[GraphStore, str]:
         """The store holding `path` and the graph's name in it."""
         path = Path(path)
-        for store in [self] + self.others:
+        for store in self.stores:
             root = store.root
             try:
                 relative = path.relative_to(root)
@@ -202,7 +207,7 @@ class MultiRootStore(GraphStore):
 
     def all_graphs(self) -> List[Tuple[GraphStore, Path, Optional[StoredGraph], Optional[str]]]:
         out = []
-        for store in [self] + self.others:
+        for store in self.stores:
             for path, stored, problem in store.entries():
                 out.append((store, path, stored, problem))
         return out

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from aiohttp import web
 
@@ -56,10 +56,6 @@ def error_response(status: int, message: str) -> web.Response:
 
 # -- pure logic (called in a worker thread) ----------------------------------------
 
-def _stores(store: MultiRootStore) -> List[GraphStore]:
-    return [store] + list(store.others)
-
-
 def _manifest_path(path: Path) -> Path:
     return path if path.name.endswith(MANIFEST_SUFFIX) else path.with_name(path.name + MANIFEST_SUFFIX)
 
@@ -80,7 +76,7 @@ def graph_row(where: GraphStore, root: int, path: Path, stored: Optional[StoredG
 
 def list_graphs(store: MultiRootStore) -> Dict[str, Any]:
     rows = [graph_row(where, index, path, stored, problem)
-            for index, where in enumerate(_stores(store))
+            for index, where in enumerate(store.stores)
             for path, stored, problem in where.entries()]
     return {"folders": [str(root) for root in store.roots], "torch_version": torch_version(), "graphs": rows}
 
@@ -89,7 +85,7 @@ def locate(store: MultiRootStore, name: Any, root: Any = None) -> Tuple[int, Gra
     """(root index, its store, manifest path) of a graph named by the page; RouteError if not one."""
     if not isinstance(name, str) or not name or len(name) > MAX_NAME:
         raise RouteError(400, "give the graph's name as the library lists it (FOLDER/GRAPH_ID)")
-    stores = _stores(store)
+    stores = store.stores
     if root is not None and (isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < len(stores)):
         raise RouteError(400, f"root must be the index of a graphs folder (0 to {len(stores) - 1})")
     candidates = [root] if root is not None else range(len(stores))
@@ -118,8 +114,8 @@ def verify_graphs(store: MultiRootStore, name: Any = None, root: Any = None) -> 
     """Check checksums and sizes: of one graph, or (no name) of every file in every graphs folder."""
     if name is None:
         problems = [{"file": str(file), "problem": problem}
-                    for where in _stores(store) for file, problem in where.verify()]
-        return {"ok": not problems, "checked": sum(len(w.entries()) for w in _stores(store)), "problems": problems}
+                    for where in store.stores for file, problem in where.verify()]
+        return {"ok": not problems, "checked": sum(len(w.entries()) for w in store.stores), "problems": problems}
     index, where, path = locate(store, name, root)
     stored, problem = _read(where, path)
     problems = [problem] if stored is None else where.problems(stored)
@@ -132,14 +128,12 @@ def verify_graphs(store: MultiRootStore, name: Any = None, root: Any = None) -> 
 def delete_graph(store: MultiRootStore, name: Any, root: Any = None) -> Dict[str, Any]:
     """Remove a graph's manifest and package (an unreadable manifest alone, since it names nothing)."""
     index, where, path = locate(store, name, root)
-    stored, _ = _read(where, path)
-    files = [path] if stored is None else [stored.manifest_path, stored.package_path]
-    removed = []
-    for file in files:
-        if file.is_file() and not file.is_symlink():
-            file.unlink()
-            removed.append(str(file))
-    return {"removed": removed, "name": name, "root": index}
+    try:
+        removed = where.remove(path.relative_to(where.root).as_posix())
+    except GraphRefused:  # an unreadable manifest names no package: it goes alone
+        path.unlink()
+        removed = [path]
+    return {"removed": [str(file) for file in removed], "name": name, "root": index}
 
 
 def trust_graph(store: MultiRootStore, name: Any, root: Any = None) -> Dict[str, Any]:
