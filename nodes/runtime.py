@@ -40,9 +40,13 @@ def registry() -> GraphRegistry:
 # -- setup ---------------------------------------------------------------------
 
 def setup() -> None:
-    """Register the graphs folder, the event listener and the stats route (idempotent)."""
+    """Register the graphs folder, the event listener, the stats route and the oneflow backend's
+    converter for ComfyUI's model classes (idempotent)."""
+    from . import oneflow_comfy
+
     with _lock:
         register_graphs_folder()
+        oneflow_comfy.register()
         if not _state["listener"]:
             registry().add_listener(_on_event)
             _state["listener"] = True
@@ -100,7 +104,8 @@ def backend_choices() -> List[str]:
 def backend_tooltip() -> str:
     lines = ["How graphs are made. aot: torch.export + AOTInductor packages, saved in models/graphs and loaded "
              "after a restart; inductor: torch.compile with dynamic shapes, kept in memory only; oneflow: one "
-             "OneFlow graph per shape (diffusers modules only)."]
+             "OneFlow graph per shape and batch size, built from a OneFlow copy of the model (warm "
+             "up the sizes you use), in memory only."]
     missing = {name: reason for name, reason in backend_reasons().items() if reason}
     if missing:
         lines.append("Not offered here: " + "; ".join(f"{name}: {reason}" for name, reason in missing.items()))

@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ..compiler import DEFAULT_BACKEND, CompileOptions
+from ..compiler.backends.base import portable_forward
 from ..compiler.comfy_adapter import (
     ComfyForward, bind_call, clamp, forward_signature, latent_range, options_reason, unet_example_call,
 )
@@ -59,8 +60,13 @@ class Settings:
         )
 
 
+@portable_forward
 def _forward_fn(module, **kwargs):
-    """What a graph computes: the model's own forward with empty transformer_options."""
+    """What a graph computes: the model's own forward with empty transformer_options.
+
+    Portable: it reaches the model through its method only, so the oneflow
+    backend runs it on the OneFlow copy of the model.
+    """
     return module._forward(transformer_options={}, **kwargs)
 
 

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ..compiler import CompileOptions, ShapeRange
+from ..compiler.backends.base import portable_forward
 from ..compiler.comfy_adapter import ComfyForward, clamp
 from ..compiler.environment import device_kind, dtype_name, torch_version
 from ..compiler.keys import FamilyKey
@@ -28,11 +29,16 @@ RUNNER_ATTRIBUTE = "_keepfast_runner"
 OPS = ("decode", "encode")
 
 
+@portable_forward
 def _vae_forward(module, op, sample):
-    """What a graph computes: the autoencoder's own decode or encode of one tensor."""
-    if op == "decode":
-        return type(module).decode(module, sample)
-    return type(module).encode(module, sample)
+    """What a graph computes: the autoencoder's own decode or encode of one tensor.
+
+    `module` is the VAE's own first_stage_model (the runner's, never the copy
+    whose decode/encode route here), or the oneflow backend's OneFlow copy of it.
+    """
+    if op not in OPS:
+        raise ValueError(f"unknown VAE operation {op!r}")
+    return getattr(module, op)(sample)
 
 
 class VaeRunner:

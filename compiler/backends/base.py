@@ -26,6 +26,23 @@ def no_progress(stage: str, fraction: float) -> None:
     return None
 
 
+def portable_forward(fn: ForwardFn) -> ForwardFn:
+    """Mark `fn(module, ...)` as reaching the model only through the module's own
+    attributes and methods.
+
+    A backend that rebuilds the module in another framework (oneflow) can then
+    run the same function on its rebuilt module; a function that calls torch
+    itself, or a class's function by name, cannot be moved there and keeps such
+    a backend from compiling it.
+    """
+    fn.keepfast_portable = True
+    return fn
+
+
+def is_portable_forward(fn: ForwardFn) -> bool:
+    return bool(getattr(fn, "keepfast_portable", False))
+
+
 class CompileFailed(Exception):
     """The backend could not build a graph; the message says why."""
 

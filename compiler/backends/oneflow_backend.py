@@ -41,7 +41,9 @@ from ..guards import GuardSet, readable, size_ref
 from ..keys import GraphKey
 from ..probes import reshape_call
 from ..signature import FlatCall
-from .base import Backend, BackendUnavailable, CompiledGraph, CompileFailed, PackageInfo, Progress, no_progress
+from .base import (
+    Backend, BackendUnavailable, CompiledGraph, CompileFailed, PackageInfo, Progress, is_portable_forward, no_progress,
+)
 from .oneflow_support import oneflow_unavailable_reason, persist_unavailable_reason
 from .oneflow_support.availability import runtime_state_supported
 
@@ -85,6 +87,20 @@ def _compile_nn_graph(nn_graph, inputs: list) -> None:
         )
         log.error("oneflow backend: %s", _PLAN_FAILURE)
         raise
+
+
+def _flow_forward(module: torch.nn.Module, forward_fn) -> Optional[Any]:
+    """What the graph calls on the OneFlow module: None for its own forward (`module(...)`), else
+    `forward_fn` itself, which must be portable (reach the model through its methods only)."""
+    if forward_fn is getattr(type(module), "forward", None):
+        return None
+    if is_portable_forward(forward_fn):
+        return forward_fn
+    raise CompileFailed(
+        f"the oneflow backend runs {type(module).__name__}'s OneFlow copy; the forward function "
+        f"{getattr(forward_fn, '__qualname__', forward_fn)!r} is not marked portable (compiler.backends.base."
+        "portable_forward), so it may call torch directly and cannot run there"
+    )
 
 
 class _Output:
@@ -350,12 +366,7 @@ class OneflowBackend(Backend):
         if reason:
             raise BackendUnavailable(reason)
         self.check_supported(module, call)
-        own_forward = getattr(type(module), "forward", None)
-        if forward_fn is not own_forward:
-            raise CompileFailed(
-                f"the oneflow backend runs the OneFlow copy of {type(module).__name__}.forward; a custom forward "
-                f"function ({getattr(forward_fn, '__qualname__', forward_fn)!r}) cannot be converted"
-            )
+        flow_forward = _flow_forward(module, forward_fn)
         from .oneflow_support.graph import CallGraph
 
         started = time.perf_counter()
@@ -364,7 +375,7 @@ class OneflowBackend(Backend):
         variant = {"shapes": [list(s) for s in call.shapes], "dtypes": [str(t.dtype) for t in call.tensors],
                    "devices": [str(t.device) for t in call.tensors]}
         graph = OneflowGraph(key.with_variant(variant), binding, call)
-        graph.nn_graph = CallGraph(binding.flow_module, graph.template, graph.bool_inputs)
+        graph.nn_graph = CallGraph(binding.flow_module, graph.template, graph.bool_inputs, flow_forward)
         convert_seconds = time.perf_counter() - started
 
         progress("compiling the OneFlow graph", 0.2)

@@ -22,9 +22,9 @@ import time
 import pytest
 import torch
 
-from compiler.backends.oneflow_support import oneflow_unavailable_reason
+from compiler.backends.oneflow_support import flow_diffusers_missing_reason, oneflow_unavailable_reason
 
-_REASON = oneflow_unavailable_reason()
+_REASON = oneflow_unavailable_reason() or flow_diffusers_missing_reason()
 if _REASON is not None:
     if os.environ.get("KEEPFAST_REQUIRE_ONEFLOW") == "1":
         pytest.fail(f"KEEPFAST_REQUIRE_ONEFLOW=1 but the oneflow backend is unavailable: {_REASON}", pytrace=False)

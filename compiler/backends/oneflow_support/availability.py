@@ -68,18 +68,20 @@ def flow_diffusers_path() -> Optional[str]:
 
 
 def oneflow_unavailable_reason() -> Optional[str]:
-    reason = oneflow_import_error()
-    if reason:
-        return reason
-    if flow_diffusers_path() is None:
-        where = os.environ.get("FLOW_DIFFUSERS_PATH") or os.path.join(sys.prefix, f"flow-diffusers-{FLOW_DIFFUSERS_VERSION}")
-        return (
-            f"the oneflow backend needs a copy of diffusers {FLOW_DIFFUSERS_VERSION} to build OneFlow modules "
-            f"(newer diffusers do not import under oneflow.mock_torch); none at {where}: "
-            f"pip install --no-deps --target {where} diffusers=={FLOW_DIFFUSERS_VERSION} "
-            "(or set FLOW_DIFFUSERS_PATH)"
-        )
-    return None
+    """None if OneFlow imports here. (Converting a diffusers model also needs the diffusers copy:
+    flow_diffusers_missing_reason; ComfyUI's models do not.)"""
+    return oneflow_import_error()
+
+
+def flow_diffusers_missing_reason() -> Optional[str]:
+    if flow_diffusers_path() is not None:
+        return None
+    where = os.environ.get("FLOW_DIFFUSERS_PATH") or os.path.join(sys.prefix, f"flow-diffusers-{FLOW_DIFFUSERS_VERSION}")
+    return (
+        f"the oneflow backend builds diffusers models from a copy of diffusers {FLOW_DIFFUSERS_VERSION} "
+        f"(newer diffusers do not import under oneflow.mock_torch); none at {where}: "
+        f"pip install --no-deps --target {where} diffusers=={FLOW_DIFFUSERS_VERSION} (or set FLOW_DIFFUSERS_PATH)"
+    )
 
 
 def runtime_state_supported() -> bool:

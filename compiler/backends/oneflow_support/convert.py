@@ -1,6 +1,9 @@
-"""A torch diffusers module -> the same module built from OneFlow's diffusers copy.
+"""A torch module -> the same module built from a OneFlow copy of its package.
 
-diffusers models (ModelMixin/ConfigMixin: UNet2DConditionModel, AutoencoderKL,
+Converters for other packages are registered by the part of the pack that
+knows them (`register_converter`: the ComfyUI nodes register one for
+ComfyUI's own model classes) and are asked first. The built-in one handles
+diffusers: diffusers models (ModelMixin/ConfigMixin: UNet2DConditionModel, AutoencoderKL,
 ControlNetModel, ...) are rebuilt from their config. The VAE's `Encoder` and
 `Decoder` (what the pack compiles as `vae.encoder` / `vae.decoder`) carry no
 config: their constructor arguments are read back from the built module.
@@ -15,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Protocol, Tuple
 
 import torch
 
@@ -24,6 +27,26 @@ from . import isolation
 
 class ConversionError(Exception):
     """The module cannot be built in OneFlow; the message says why."""
+
+
+class Converter(Protocol):
+    """Builds OneFlow modules for the models of one package."""
+
+    name: str  # what it converts, for messages ("ComfyUI models")
+
+    def claims(self, module: torch.nn.Module) -> bool:
+        """Whether `module` is one of this converter's models (cheap; imports nothing)."""
+
+    def build(self, module: torch.nn.Module) -> Any:
+        """The OneFlow module, tensors not yet set; raises ConversionError with the reason."""
+
+
+_CONVERTERS: Dict[str, Converter] = {}
+
+
+def register_converter(converter: Converter) -> None:
+    """Ask `converter` before the built-in diffusers conversion (replaces one of the same name)."""
+    _CONVERTERS[converter.name] = converter
 
 
 _INIT_FUNCTIONS = ("uniform_", "normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
@@ -172,10 +195,23 @@ def named_tensors(module) -> List[Tuple[str, Any]]:
 
 def build_flow_module(module: torch.nn.Module):
     """A OneFlow module of the same class and configuration, weights not yet set."""
+    for converter in _CONVERTERS.values():
+        if converter.claims(module):
+            flow_module = converter.build(module)
+            break
+    else:
+        flow_module = _build_diffusers_module(module)
+    flow_module.eval()
+    check_same_tensors(module, flow_module)
+    return flow_module
+
+
+def _build_diffusers_module(module: torch.nn.Module):
     torch_cls = type(module)
     flow_cls, why = isolation.flow_class(torch_cls)
     if flow_cls is None:
-        raise ConversionError(why)
+        known = ", ".join(["diffusers models"] + list(_CONVERTERS))
+        raise ConversionError(f"{why}; the oneflow backend converts {known}")
     qualified = f"{torch_cls.__module__}.{torch_cls.__qualname__}"
     config = getattr(module, "config", None)
     with isolation.active(), _no_init(), _quiet():
@@ -188,8 +224,6 @@ def build_flow_module(module: torch.nn.Module):
                 f"no OneFlow conversion for {torch_cls.__name__}: it has no diffusers config and is not one of "
                 f"{', '.join(name.rsplit('.', 1)[1] for name in CONSTRUCTORS)}"
             )
-    flow_module.eval()
-    check_same_tensors(module, flow_module)
     return flow_module
 
 

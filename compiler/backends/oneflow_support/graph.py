@@ -6,7 +6,7 @@ Imported only once oneflow imports (it subclasses oneflow.nn.Graph).
 from __future__ import annotations
 
 import warnings
-from typing import Any, List, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import oneflow
 
@@ -27,14 +27,22 @@ def flatten_output(output: Any) -> List[Any]:
 
 
 class CallGraph(oneflow.nn.Graph):
-    """build(*flat tensors): rebuild the call around them, run the module, return its tensors."""
+    """build(*flat tensors): rebuild the call around them, run the module, return its tensors.
 
-    def __init__(self, flow_module, template: CallTemplate, bool_inputs: Sequence[int]):
+    `forward(module, *args, **kwargs)`, when given, is what runs instead of
+    `module(*args, **kwargs)`: a portable forward function (backends.base),
+    called with the graph's proxy of the OneFlow module, so the methods it calls
+    are the OneFlow copy's.
+    """
+
+    def __init__(self, flow_module, template: CallTemplate, bool_inputs: Sequence[int],
+                 forward: Optional[Callable[..., Any]] = None):
         super().__init__()
         self.model = flow_module  # a ProxyModule: its parameters become the graph's (shared) variables
         # Plain attributes, kept out of nn.Graph's module bookkeeping.
         self.__dict__["_keepfast_template"] = template
         self.__dict__["_keepfast_bool_inputs"] = tuple(bool_inputs)
+        self.__dict__["_keepfast_forward"] = forward
 
     def build(self, *flat):
         flat = list(flat)
@@ -43,5 +51,6 @@ class CallGraph(oneflow.nn.Graph):
         args, kwargs = self.__dict__["_keepfast_template"].rebuild(flat)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "X is called in a nn.Graph, but not registered" for helpers
-            output = self.model(*args, **kwargs)
+            forward = self.__dict__["_keepfast_forward"]
+            output = self.model(*args, **kwargs) if forward is None else forward(self.model, *args, **kwargs)
         return tuple(flatten_output(output))

@@ -1,11 +1,13 @@
-"""A OneFlow-backed diffusers next to the real one, in one process.
+"""OneFlow-backed copies of model packages next to the real ones, in one process.
 
-The OneFlow modules are built from a second copy of diffusers (0.31.0, the
-newest that imports under OneFlow 0.9.0's `mock_torch`), imported while
-`import torch` yields oneflow. Its modules are kept here, out of
+OneFlow modules are built from a second copy of the package that defines the
+torch model -- diffusers (a 0.31.0 copy, the newest that imports under OneFlow
+0.9.0's `mock_torch`), or a package another part of the pack registers
+(`register_package`: the ComfyUI nodes register `comfy`) -- imported while
+`import torch` yields oneflow. The copies' modules are kept here, out of
 `sys.modules`, and put back only while OneFlow code needs them (building a
-module, tracing a graph), so the real `torch` and `diffusers` are what every
-other import in the process sees.
+module, tracing a graph), so the real `torch`, `diffusers` and `comfy` are what
+every other import in the process sees.
 
 `active()` is the only place that swaps `sys.modules`; it holds a process-wide
 lock and restores everything on the way out, exceptions included. While it is
@@ -21,15 +23,16 @@ import importlib
 import sys
 import threading
 import types
-from typing import Dict, Iterator, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
-from .availability import flow_diffusers_path
+from . import shims
+from .availability import FLOW_DIFFUSERS_VERSION, flow_diffusers_missing_reason, flow_diffusers_path
 
 _LOCK = threading.RLock()
 _FLOW_MODULES: Dict[str, types.ModuleType] = {}
 _QUARANTINE: Dict[str, types.ModuleType] = {}
-_LOADED: Dict[str, str] = {}  # "path", "version"
-_SHIMS_INSTALLED = False
+_LOADED: Dict[str, str] = {}  # "path", "version" of the diffusers copy
 
 # `oneflow.mock_torch.enable()` edits its caller's globals (drops `torch`,
 # adds `torch.*` keys): call it from a namespace of its own.
@@ -41,77 +44,65 @@ exec(
     _MOCK_NS,
 )
 
-# Imported (the real, torch-backed ones) before the OneFlow copy is, so that
-# the copy finds them instead of importing them bound to oneflow.
-_PRELOAD = ("huggingface_hub", "safetensors", "safetensors.torch", "PIL.Image", "regex", "requests", "filelock")
+
+@dataclass(frozen=True)
+class FlowPackage:
+    """A package that is imported a second time, under `mock_torch`, to build OneFlow modules.
+
+    root:      the top-level package name ("diffusers", "comfy").
+    path:      a folder holding another version of the package, put first on
+               sys.path while active; None: the real package's own files.
+    shared:    submodules both copies use, not imported twice (pure-Python
+               state such as ComfyUI's parsed command line).
+    stand_ins: given the real package's modules, modules the copy imports in
+               place of its own (e.g. one that would query the GPU at import).
+    blocked:   other top-level modules the copy must see as not installed
+               (a torch-bound extension it would otherwise pick up).
+    preload:   real modules imported before the copy, so it finds them instead
+               of importing them bound to oneflow.
+    """
+
+    root: str
+    path: Callable[[], Optional[str]] = lambda: None
+    shared: Tuple[str, ...] = ()
+    stand_ins: Callable[[Dict[str, types.ModuleType]], Dict[str, types.ModuleType]] = lambda real: {}
+    blocked: Tuple[str, ...] = ()
+    preload: Tuple[str, ...] = field(default=())
+
+    def owns(self, name: str) -> bool:
+        return name == self.root or name.startswith(self.root + ".")
 
 
-def _is_diffusers(name: str) -> bool:
-    return name == "diffusers" or name.startswith("diffusers.")
+_PACKAGES: Dict[str, FlowPackage] = {
+    "diffusers": FlowPackage(
+        root="diffusers", path=flow_diffusers_path,
+        preload=("huggingface_hub", "safetensors", "safetensors.torch", "PIL.Image", "regex", "requests", "filelock"),
+    ),
+}
+_PRELOADED: set = set()
 
 
-def install_shims() -> None:
-    """What diffusers needs from torch that OneFlow 0.9.0's mock_torch lacks. Idempotent."""
-    global _SHIMS_INSTALLED
-    if _SHIMS_INSTALLED:
-        return
-    import oneflow
-    import oneflow.mock_torch as mock
-    import oneflow.utils
+def register_package(package: FlowPackage) -> None:
+    """Make `active()` swap in a OneFlow copy of `package.root` too (replaces an earlier one)."""
+    with _LOCK:
+        if _PACKAGES.get(package.root) != package:
+            for name in [n for n in _FLOW_MODULES if package.owns(n)]:
+                del _FLOW_MODULES[name]  # a copy imported under the old description
+        _PACKAGES[package.root] = package
 
-    # (a) A missing attribute raises NotImplementedError, so diffusers'
-    #     hasattr(F, "scaled_dot_product_attention") raises instead of being False.
-    class MockMissing(NotImplementedError, AttributeError):
-        pass
 
-    original = mock.ModuleWrapper.__getattr__
-    if not getattr(original, "_keepfast", False):
-        def __getattr__(self, name):
-            try:
-                return original(self, name)
-            except NotImplementedError as error:
-                raise MockMissing(str(error)) from None
+def registered_roots() -> List[str]:
+    return list(_PACKAGES)
 
-        __getattr__._keepfast = True
-        mock.ModuleWrapper.__getattr__ = __getattr__
 
-    # (b) torch._dynamo.allow_in_graph (diffusers >= 0.17).
-    if "oneflow._dynamo" not in sys.modules:
-        dynamo = types.ModuleType("oneflow._dynamo")
-        dynamo.allow_in_graph = lambda fn: fn
-        sys.modules["oneflow._dynamo"] = dynamo
-
-    # (c) torch.fft (diffusers >= 0.22 imports it for FreeU only).
-    if "oneflow.fft" not in sys.modules:
-        fft = types.ModuleType("oneflow.fft")
-
-        def missing(name):
-            def fn(*args, **kwargs):
-                raise NotImplementedError(f"torch.fft.{name} is not available in OneFlow 0.9.0 (FreeU)")
-            return fn
-
-        for name in ("fft", "ifft", "fftn", "ifftn", "fftshift", "ifftshift", "rfft", "irfft"):
-            setattr(fft, name, missing(name))
-        sys.modules["oneflow.fft"] = fft
-
-    # (d) torch.utils._pytree (diffusers >= 0.22 registers BaseOutput as a node).
-    if "oneflow.utils._pytree" not in sys.modules:
-        pytree = types.ModuleType("oneflow.utils._pytree")
-        pytree._register_pytree_node = pytree.register_pytree_node = lambda *args, **kwargs: None
-        pytree._dict_flatten = lambda d: (list(d.values()), list(d.keys()))
-        pytree._dict_unflatten = lambda values, context: dict(zip(context, values))
-        sys.modules["oneflow.utils._pytree"] = pytree
-        oneflow.utils._pytree = pytree
-
-    # (e) Inside nn.Graph.build a module's parameters are ProxyTensors without
-    #     .dtype/.device/.shape; the VAE decoder reads next(parameters()).dtype.
-    from oneflow.nn.graph.proxy import ProxyTensor
-
-    for attribute in ("dtype", "device", "shape", "ndim"):
-        if not hasattr(ProxyTensor, attribute):
-            setattr(ProxyTensor, attribute,
-                    property(lambda self, a=attribute: getattr(self._oneflow_internal_origin__, a)))
-    _SHIMS_INSTALLED = True
+def _usable(package: FlowPackage) -> Optional[str]:
+    """The folder to import the copy from ("" for the real files), or None if it cannot be imported."""
+    path = package.path()
+    if path is not None:
+        return path
+    if package.root == "diffusers":
+        return None  # diffusers needs its own older copy
+    return ""
 
 
 def _bound_to_oneflow(module: types.ModuleType) -> bool:
@@ -130,34 +121,76 @@ def _bound_to_oneflow(module: types.ModuleType) -> bool:
     return False
 
 
+def _preload(packages: List[FlowPackage]) -> None:
+    for package in packages:
+        for name in package.preload:
+            if name in _PRELOADED:
+                continue
+            _PRELOADED.add(name)
+            try:
+                importlib.import_module(name)
+            except Exception:  # optional: the copy imports what it needs itself
+                pass
+
+
 @contextlib.contextmanager
-def active() -> Iterator[types.ModuleType]:
-    """sys.modules holds the OneFlow diffusers copy and `torch` is OneFlow, inside only."""
+def active() -> Iterator[Dict[str, types.ModuleType]]:
+    """Inside: `torch` is OneFlow and sys.modules holds the OneFlow copy of every registered
+    package that can be imported here. Yields {root name: the copy's root module}."""
+    _MISSING = object()
     with _LOCK:
-        path = _LOADED.get("path") or flow_diffusers_path()
-        if path is None:
-            raise ImportError("no diffusers copy for OneFlow was found (FLOW_DIFFUSERS_PATH)")
-        install_shims()
+        shims.install()
+        packages = [(p, where) for p, where in ((p, _usable(p)) for p in _PACKAGES.values()) if where is not None]
+        _preload([p for p, _ in packages])
         before = set(sys.modules)
-        saved = {name: sys.modules.pop(name) for name in list(sys.modules) if _is_diffusers(name)}
+        saved = {name: sys.modules.pop(name) for name in list(sys.modules)
+                 if any(p.owns(name) for p, _ in packages)}
+        blocked = {name: sys.modules.get(name, _MISSING) for p, _ in packages for name in p.blocked}
+        for name in blocked:
+            sys.modules[name] = None  # import raises ImportError: the copy takes its fallback path
         sys.modules.update(_FLOW_MODULES)
-        sys.path.insert(0, path)
+        shared_names = {name for p, _ in packages for name in p.shared}
+        for package, _ in packages:
+            for name in package.shared:
+                if name in saved:
+                    sys.modules[name] = saved[name]
+            real = {name: module for name, module in saved.items() if package.owns(name)}
+            for name, module in package.stand_ins(real).items():
+                sys.modules.setdefault(name, module)
+        paths = [where for _, where in packages if where]
+        for where in paths:
+            sys.path.insert(0, where)
         mock = _MOCK_NS["enter"]()
         try:
-            root = importlib.import_module("diffusers")
-            if not str(getattr(root, "__file__", "")).startswith(path):
-                raise ImportError(f"expected the diffusers copy in {path}, got {getattr(root, '__file__', '?')}")
-            yield root
+            roots = {}
+            for package, where in packages:
+                root = importlib.import_module(package.root)
+                if where and not str(getattr(root, "__file__", "")).startswith(where):
+                    raise ImportError(f"expected the {package.root} copy in {where}, got {getattr(root, '__file__', '?')}")
+                for name in list(package.shared) + [n for n in sys.modules if package.owns(n) and "." in n]:
+                    parent, _, child = name.rpartition(".")
+                    if parent == package.root and sys.modules.get(name) is not None:
+                        setattr(root, child, sys.modules[name])  # `import comfy.x; comfy.x` must find it
+                roots[package.root] = root
+            yield roots
         finally:
             mock.__exit__(None, None, None)
             for name in list(sys.modules):
-                if _is_diffusers(name):
-                    _FLOW_MODULES[name] = sys.modules.pop(name)
+                if any(p.owns(name) for p, _ in packages):
+                    module = sys.modules.pop(name)
+                    if name not in shared_names:
+                        _FLOW_MODULES[name] = module
             sys.modules.update(saved)
-            try:
-                sys.path.remove(path)
-            except ValueError:
-                pass
+            for name, module in blocked.items():
+                if module is _MISSING:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = module
+            for where in paths:
+                try:
+                    sys.path.remove(where)
+                except ValueError:
+                    pass
             for name in set(sys.modules) - before:
                 module = sys.modules.get(name)
                 if module is None or name.split(".")[0] == "oneflow":
@@ -171,36 +204,46 @@ def load() -> str:
     with _LOCK:
         if "version" in _LOADED:
             return _LOADED["version"]
-        for name in _PRELOAD:
-            try:
-                importlib.import_module(name)
-            except Exception:  # optional: the copy imports what it needs itself
-                pass
         path = flow_diffusers_path()
-        with active() as root:
-            version = str(root.__version__)
-        _LOADED.update(path=path or "", version=version)
+        if path is None:
+            raise ImportError(flow_diffusers_missing_reason())
+        with active() as roots:
+            version = str(roots["diffusers"].__version__)
+        _LOADED.update(path=path, version=version)
         return version
 
 
+def find_in_copy(module_name: str, qualname: str):
+    """The object named `qualname` in the OneFlow copy's `module_name`; call inside active()."""
+    if "<locals>" in qualname:
+        raise LookupError(f"{module_name}.{qualname} is defined inside a function: the copy has no such name")
+    found = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
 def flow_class(torch_cls: type) -> Tuple[Optional[type], str]:
-    """(the OneFlow copy's class for a torch diffusers class, None) or (None, why not)."""
+    """(the OneFlow copy's class for a torch diffusers class, "") or (None, why not)."""
     module_name = getattr(torch_cls, "__module__", "") or ""
-    if not _is_diffusers(module_name):
-        return None, (f"{torch_cls.__name__} (from {module_name or '?'}) is not a diffusers model; "
-                      "the oneflow backend converts diffusers models only")
-    version = load()
-    with active() as root:
+    if not _PACKAGES["diffusers"].owns(module_name):
+        return None, f"{torch_cls.__name__} (from {module_name or '?'}) is not a diffusers model"
+    try:
+        version = load()
+    except ImportError as error:
+        return None, str(error)
+    with active() as roots:
         try:
-            found = importlib.import_module(module_name)
-            for part in torch_cls.__qualname__.split("."):
-                found = getattr(found, part)
-            return found, ""
+            return find_in_copy(module_name, torch_cls.__qualname__), ""
         except Exception:  # moved or renamed between diffusers versions: try the top level
             pass
         try:
-            found = getattr(root, torch_cls.__name__)
-            return found, ""
+            return getattr(roots["diffusers"], torch_cls.__name__), ""
         except Exception as error:
+            text = str(error).strip()
             return None, (f"diffusers {version} (the copy OneFlow imports) has no {torch_cls.__name__}: "
-                          f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200] if str(error).strip() else ''}")
+                          f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}")
+
+
+__all__ = ["FlowPackage", "FLOW_DIFFUSERS_VERSION", "active", "find_in_copy", "flow_class", "load",
+           "register_package", "registered_roots"]

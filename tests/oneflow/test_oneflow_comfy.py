@@ -1,0 +1,280 @@
+"""The oneflow backend on ComfyUI's own model classes (comfy.ldm UNetModel, AutoencoderKL, TAESD).
+
+Needs OneFlow (the Python 3.10 environment .ci/setup_oneflow.sh builds) and
+ComfyUI's source (COMFYUI_PATH) with the few pure-Python packages comfy.ldm
+imports (einops, psutil, Pillow). The models are built in this process from
+ComfyUI's classes with random weights, and run through the nodes' own
+forward functions (nodes/unet.py, nodes/vae.py) and the oneflow backend with
+the ComfyUI converter (nodes/oneflow_comfy.py), as the speedup nodes do.
+
+    eval "$(.ci/setup_oneflow.sh "$ENV")"
+    "$ONEFLOW_ENV/bin/pip" install einops psutil
+    COMFYUI_PATH=/path/to/ComfyUI "$ONEFLOW_ENV/bin/python" -m pytest tests/oneflow -m oneflow
+
+Without COMFYUI_PATH (CI) the module is skipped with the reason printed.
+Tolerance: ATOL, absolute; these outputs are O(1) and measured differences
+are ~1e-6 (float32 on the CPU).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from compiler.backends.oneflow_support import oneflow_unavailable_reason
+
+REPO = Path(__file__).resolve().parents[2]
+COMFYUI = os.environ.get("COMFYUI_PATH")
+
+
+def _skip(reason: str) -> None:
+    print(f"\n[tests/oneflow] skipping the OneFlow tests on ComfyUI's models: {reason}", file=sys.stderr)
+    pytest.skip(reason, allow_module_level=True)
+
+
+_REASON = oneflow_unavailable_reason()
+if _REASON is not None:
+    if os.environ.get("KEEPFAST_REQUIRE_ONEFLOW") == "1":
+        pytest.fail(f"KEEPFAST_REQUIRE_ONEFLOW=1 but the oneflow backend is unavailable: {_REASON}", pytrace=False)
+    _skip(_REASON)
+if not COMFYUI:
+    _skip("COMFYUI_PATH is not set (ComfyUI's source is not on a package registry; see the README)")
+
+sys.path.insert(0, COMFYUI)
+try:
+    import comfy.cli_args
+
+    comfy.cli_args.args.cpu = True  # before comfy.model_management is imported
+    import comfy.ops  # noqa: E402
+    from comfy.ldm.models.autoencoder import AutoencoderKL  # noqa: E402
+    from comfy.ldm.modules.diffusionmodules.openaimodel import UNetModel  # noqa: E402
+    from comfy.taesd.taesd import TAESD  # noqa: E402
+except ImportError as error:  # COMFYUI_PATH given: a missing package is a setup error, not a skip
+    pytest.fail(f"COMFYUI_PATH={COMFYUI} is set but ComfyUI's model code does not import here: {error} "
+                "(comfy.ldm needs einops, psutil and Pillow next to torch)", pytrace=False)
+
+sys.path.insert(0, str(REPO / "tests" / "comfyui"))
+from kf_models import UNET_CONFIG, _init  # noqa: E402
+
+pytestmark = pytest.mark.oneflow
+
+PACK = "keepfast_pack_oneflow_comfy"
+ATOL = 1e-4
+LATENTS = ((8, 8), (16, 12))
+BATCHES = (2, 4)  # the sampler batches cond and uncond: batch 1 and 2 images
+VAE_CONFIG = {"double_z": True, "z_channels": 4, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 32,
+              "ch_mult": [1, 2], "num_res_blocks": 1, "attn_resolutions": [], "dropout": 0.0}
+
+
+def _pack(name: str):
+    """A module of the pack imported as a package, as ComfyUI imports it (nodes/ import ..compiler)."""
+    if PACK not in sys.modules:
+        spec = importlib.util.spec_from_file_location(PACK, REPO / "__init__.py",
+                                                      submodule_search_locations=[str(REPO)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[PACK] = module
+        spec.loader.exec_module(module)
+    return importlib.import_module(f"{PACK}.{name}")
+
+
+oneflow_comfy = _pack("nodes.oneflow_comfy")
+node_unet = _pack("nodes.unet")
+node_vae = _pack("nodes.vae")
+adapter = _pack("compiler.comfy_adapter")
+pack_compiler = _pack("compiler")
+pack_oneflow = _pack("compiler.backends.oneflow_backend")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _setup():
+    oneflow_comfy.register()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two shared cores: two OpenMP threads spin against each other
+    yield
+    torch.set_num_threads(threads)
+
+
+def _options(label: str, spatial=(8, 16), **changes):
+    shape_range = pack_compiler.ShapeRange(batch=(1, 4), spatial=spatial, sequence=(1, 77))
+    return pack_compiler.CompileOptions(backend="oneflow", shape_range=shape_range, cover_range=False, label=label,
+                                        **changes)
+
+
+def _unet(seed: int = 0) -> UNetModel:
+    unet = UNetModel(dtype=torch.float32, device="cpu", operations=comfy.ops.disable_weight_init, **UNET_CONFIG)
+    _init(unet, seed)
+    return unet.eval()
+
+
+def _unet_call(batch: int, height: int, width: int, seed: int) -> dict:
+    torch.manual_seed(seed)
+    _, kwargs = adapter.unet_example_call(4, 768, None, batch, height, width, 77, torch.float32, "cpu")
+    kwargs["timesteps"] = torch.linspace(10.0, 900.0, batch)
+    return kwargs
+
+
+def _eager_unet(unet, kwargs):
+    with torch.no_grad():
+        return unet._forward(transformer_options={}, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def unet_setup(numbers):
+    registry = pack_compiler.GraphRegistry()
+    unet = _unet(0)
+    forward = adapter.ComfyForward(unet, _options("UNetModel"), registry, forward_fn=node_unet._forward_fn)
+    calls = [((), _unet_call(batch, h, w, seed=batch + h)) for batch in BATCHES for h, w in LATENTS]
+    results = forward.warmup(calls)
+    builds = [round(event.seconds, 2) for event in registry.compiles]
+    numbers.append(("ComfyUI UNetModel warmup builds (s)", builds))
+    return registry, unet, forward, results
+
+
+def test_unet_warmup_builds_one_graph_per_shape_sharing_the_weights(unet_setup):
+    registry, unet, forward, results = unet_setup
+    assert results == ["ready"] * len(BATCHES) * len(LATENTS), [e.reason for e in registry.fallbacks]
+    graphs = registry.graphs()
+    assert len(graphs) == len(BATCHES) * len(LATENTS)
+    assert all(isinstance(g, pack_oneflow.OneflowGraph) for g in graphs)
+    assert len({id(g.binding) for g in graphs}) == 1
+    binding = graphs[0].binding
+    name = "input_blocks.0.0.weight"
+    assert unet.input_blocks[0][0].weight.data_ptr() == binding.memory[binding.names.index(name)].data_ptr()
+
+
+def test_unet_graphs_equal_comfyui_eager_and_a_sweep_builds_nothing(unet_setup, numbers):
+    registry, unet, forward, _ = unet_setup
+    registry.reset_counters()
+    worst = 0.0
+    for batch in BATCHES:
+        for height, width in LATENTS:
+            kwargs = _unet_call(batch, height, width, seed=1000 + batch * 10 + height)
+            out = forward.call(lambda: pytest.fail("ran eager"), **kwargs)
+            assert forward.last_status == "compiled graph"
+            diff = float((out - _eager_unet(unet, kwargs)).abs().max())
+            worst = max(worst, diff)
+            assert diff < ATOL, (batch, height, width, diff)
+    assert len(registry.compiles) == 0
+    numbers.append(("ComfyUI UNetModel max |graph - eager| over the sweep", f"{worst:.2e} (tolerance {ATOL:g})"))
+
+
+def test_an_unwarmed_shape_builds_one_more_graph_and_says_so(unet_setup):
+    registry, unet, forward, _ = unet_setup
+    registry.reset_counters()
+    kwargs = _unet_call(2, 12, 8, seed=7)
+    out = forward.call(lambda: pytest.fail("ran eager"), **kwargs)
+    assert len(registry.compiles) == 1
+    assert float((out - _eager_unet(unet, kwargs)).abs().max()) < ATOL
+
+
+def test_controlnet_residuals_add_a_graph_and_the_plain_graph_keeps_serving(unet_setup):
+    registry, unet, forward, _ = unet_setup
+    registry.reset_counters()
+    kwargs = _unet_call(2, 8, 8, seed=11)
+    generator = torch.Generator().manual_seed(3)
+    # Residuals as ComfyUI's ControlNet hands them over; UNetModel pops them, so each call gets new lists.
+    residuals = {"output": [torch.randn(2, 320, 8, 8, generator=generator) * 0.1 for _ in range(2)],
+                 "middle": [torch.randn(2, 320, 8, 8, generator=generator) * 0.1]}
+
+    def control():
+        return {name: list(tensors) for name, tensors in residuals.items()}
+
+    with torch.no_grad():
+        reference = unet._forward(transformer_options={}, control=control(), **kwargs)
+    out = forward.call(lambda: pytest.fail("ran eager"), control=control(), **kwargs)
+    assert len(registry.compiles) == 1
+    assert float((out - reference).abs().max()) < ATOL
+    assert float((out - _eager_unet(unet, kwargs)).abs().max()) > 1e-3  # the residuals changed the output
+    registry.reset_counters()
+    plain = forward.call(lambda: pytest.fail("ran eager"), **kwargs)
+    assert len(registry.compiles) == 0
+    assert float((plain - _eager_unet(unet, kwargs)).abs().max()) < ATOL
+
+
+def test_an_in_place_weight_change_reaches_every_graph(unet_setup):
+    registry, unet, forward, _ = unet_setup
+    kwargs = _unet_call(4, 16, 12, seed=5)
+    before = forward.call(lambda: pytest.fail("ran eager"), **kwargs)
+    weight = unet.out[2].weight
+    saved = weight.detach().clone()
+    try:
+        with torch.no_grad():
+            weight.mul_(1.5)  # what ComfyUI's LoRA patching does to a loaded model's weights
+        registry.reset_counters()
+        after = forward.call(lambda: pytest.fail("ran eager"), **kwargs)
+        assert len(registry.compiles) == 0
+        assert float((after - before).abs().max()) > 1e-3
+        assert float((after - _eager_unet(unet, kwargs)).abs().max()) < ATOL
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+
+
+@pytest.mark.parametrize("make, op, shape", [
+    (lambda: AutoencoderKL(ddconfig=VAE_CONFIG, embed_dim=4), "decode", (1, 4, 16, 16)),
+    (lambda: AutoencoderKL(ddconfig=VAE_CONFIG, embed_dim=4), "encode", (1, 3, 64, 64)),
+    (lambda: TAESD(latent_channels=4), "decode", (2, 4, 8, 12)),
+], ids=["AutoencoderKL-decode", "AutoencoderKL-encode", "TAESD-decode"])
+def test_vae_graphs_equal_comfyui_eager(make, op, shape, numbers):
+    registry = pack_compiler.GraphRegistry()
+    vae = make()
+    _init(vae, 1)
+    vae.eval()
+    forward = adapter.ComfyForward(vae, _options(f"VAE {op}", spatial=(8, 64)), registry, forward_fn=node_vae._vae_forward)
+    sample = torch.randn(shape, generator=torch.Generator().manual_seed(2))
+    out = forward.call(lambda: pytest.fail(f"ran eager: {registry.fallbacks}"), op, sample)
+    assert forward.last_status == "compiled graph", forward.last_status
+    with torch.no_grad():
+        reference = getattr(vae, op)(sample)
+    diff = float((out - reference).abs().max())
+    assert out.shape == reference.shape and diff < ATOL
+    numbers.append((f"ComfyUI {type(vae).__name__} {op} max |graph - eager|", f"{diff:.2e}"))
+
+
+def test_weights_comfyui_casts_on_the_fly_run_eager_with_the_reason():
+    registry = pack_compiler.GraphRegistry()
+    unet = _unet(1)
+    unet.out[2].comfy_cast_weights = True  # what ComfyUI sets in low-VRAM mode or for manual_cast models
+    forward = adapter.ComfyForward(unet, _options("UNetModel"), registry, forward_fn=node_unet._forward_fn)
+    kwargs = _unet_call(2, 8, 8, seed=3)
+    ran = []
+
+    def eager():
+        ran.append(True)
+        return _eager_unet(unet, kwargs)
+
+    out = forward.call(eager, **kwargs)
+    assert ran == [True]
+    assert forward.last_status.startswith("eager: ")
+    assert "UNetModel.out.2: ComfyUI casts this Conv2d's weights on the fly" in forward.last_status
+    assert float((out - _eager_unet(unet, kwargs)).abs().max()) == 0.0
+
+
+def test_a_forward_function_that_is_not_portable_is_refused_with_the_reason():
+    registry = pack_compiler.GraphRegistry()
+    unet = _unet(2)
+
+    def calls_torch_directly(module, **kwargs):
+        return module._forward(transformer_options={}, **kwargs) * torch.ones(1)
+
+    forward = adapter.ComfyForward(unet, _options("UNetModel"), registry, forward_fn=calls_torch_directly)
+    kwargs = _unet_call(2, 8, 8, seed=4)
+    forward.call(lambda: _eager_unet(unet, kwargs), **kwargs)
+    assert "is not marked portable" in forward.last_status
+
+
+def test_the_real_comfyui_modules_stay_in_sys_modules(unet_setup):
+    import comfy.model_management
+
+    assert comfy.ops.__file__.startswith(COMFYUI)
+    assert comfy.ops.torch is torch  # the real comfy.ops runs on torch
+    assert hasattr(comfy.model_management, "current_loaded_models")  # the real one, not the stand-in
+    assert sys.modules["comfy.model_management"] is comfy.model_management
+    assert sys.modules["torch"] is torch
+    assert not any(type(m).__name__ == "MissingDtype" for m in vars(torch).values())
