@@ -1,9 +1,12 @@
 """`oneflow`: the torch module rebuilt in OneFlow, one static `oneflow.nn.Graph` per call shape.
 
-- The module is rebuilt from OneFlow's copy of diffusers (imported under
-  `oneflow.mock_torch`, kept out of `sys.modules`; see oneflow_support.isolation)
-  and its parameters and buffers are the torch tensors' memory (DLPack, zero
-  copy; oneflow_support.weights). All graphs of one model -- every shape,
+- The module is rebuilt from a OneFlow copy of its package (imported under
+  `oneflow.mock_torch`, kept out of `sys.modules`; see oneflow_support.isolation):
+  diffusers built in, other packages through registered converters (the
+  ComfyUI nodes register one for ComfyUI's classes). The graph calls the
+  module itself, or the caller's forward function where it is portable
+  (backends.base.portable_forward). Its parameters and buffers are the torch
+  tensors' memory (DLPack, zero copy; oneflow_support.weights). All graphs of one model -- every shape,
   every input structure -- are built on that one OneFlow module and so read
   the same weights; an in-place change to the torch weights reaches them all.
 - OneFlow 0.9.0 graphs have static shapes: a graph serves exactly the shapes,

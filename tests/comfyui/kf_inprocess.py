@@ -137,10 +137,11 @@ def main(pack: str, base: str, checkpoint: str) -> dict:
     out["backend_validation"] = [nodes["KeepFastModelSpeedup"].validate_inputs("oneflow"),
                                  nodes["KeepFastVAESpeedup"].validate_inputs("inductor"),
                                  nodes["KeepFastModelSpeedup"].validate_inputs("tensorrt")]
-    result = model_speedup(model, backend="oneflow")
-    vae_result = vae_speedup(vae, backend="oneflow")
-    out["oneflow_passthrough"] = [result.args[0] is model, oneflow_reason in result.ui["text"][0],
-                                  vae_result.args[0] is vae, oneflow_reason in vae_result.ui["text"][0]]
+    if oneflow_reason is not None:
+        result = model_speedup(model, backend="oneflow")
+        vae_result = vae_speedup(vae, backend="oneflow")
+        out["oneflow_passthrough"] = [result.args[0] is model, oneflow_reason in result.ui["text"][0],
+                                      vae_result.args[0] is vae, oneflow_reason in vae_result.ui["text"][0]]
     chosen = model_speedup(model, backend="inductor").args[0]
     out["inductor_runner_backend"] = sys.modules[name + ".nodes.unet"].runner_of(chosen).settings.backend
 

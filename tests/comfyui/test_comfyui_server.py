@@ -454,6 +454,8 @@ def _with_backend(prompt: dict, backend: str) -> dict:
 
 def test_a_backend_that_does_not_run_here_passes_through_with_the_reason(server):
     """A workflow saved where OneFlow runs still runs here (ComfyUI's Python has no OneFlow): uncompiled."""
+    if server.stats()["backends"]["oneflow"] is None:
+        pytest.skip("oneflow runs in this ComfyUI's Python: test_comfyui_oneflow.py runs its workflows instead")
     assert "oneflow" not in server.object_info()["KeepFastModelSpeedup"]["input"]["optional"]["backend"][0]
     reason = server.stats()["backends"]["oneflow"]
     assert "oneflow is not installed" in reason

@@ -1,0 +1,109 @@
+"""The oneflow backend in a real ComfyUI: workflows with backend=oneflow on ComfyUI's own UNet and VAE.
+
+Runs where OneFlow imports in ComfyUI's Python (OneFlow 0.9.0: Python 3.10;
+point COMFYUI_PYTHON at such an environment, with OneFlow's library paths
+exported, see .ci/setup_oneflow.sh). Elsewhere the module is skipped with the
+reason (the pack's own verdict, from /keepfast/stats); test_comfyui_server.py
+covers a workflow naming oneflow where it does not run.
+Image tolerance as in test_comfyui_server.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import kf_support as S
+
+if not S.comfyui_available():
+    pytest.skip(S.SKIP_REASON, allow_module_level=True)
+
+from test_comfyui_server import (  # noqa: E402
+    assert_same_image, assert_served, eager_images, run, txt2img, unique, workflow_prompt,
+)
+
+pytestmark = pytest.mark.comfyui
+
+WARMED = ("256x256", "320x256")
+BATCHES = (1, 2)
+
+
+@pytest.fixture(scope="module")
+def oneflow_server(server):
+    reason = server.stats()["backends"]["oneflow"]
+    if reason is not None:
+        print(f"\n[tests/comfyui] skipping the OneFlow-in-ComfyUI tests: {reason}")
+        pytest.skip(f"oneflow does not run in this ComfyUI's Python: {reason}")
+    return server
+
+
+def with_oneflow(prompt: dict) -> dict:
+    S.set_inputs(prompt, "KeepFastModelSpeedup", backend="oneflow")
+    S.set_inputs(prompt, "KeepFastVAESpeedup", backend="oneflow")
+    return prompt
+
+
+def oneflow_graphs(server) -> list:
+    return [g for g in server.stats()["graphs"] if "oneflow" in g["family"]]
+
+
+def test_oneflow_is_offered_and_the_first_image_equals_eager(oneflow_server):
+    server = oneflow_server
+    choices = server.object_info()["KeepFastModelSpeedup"]["input"]["optional"]["backend"][0]
+    assert "oneflow" in choices
+    prompt = with_oneflow(txt2img(server, width=256, height=256, seed=300))
+    entry, images, delta = run(server, prompt)
+    assert len(images) == 1
+    assert delta["compiles"] >= 2, delta  # the UNet at this shape and the VAE decoder
+    assert delta["unet_graph_calls"] > 0 and delta["unet_eager_calls"] == 0, delta
+    assert delta["vae_graph_calls"] > 0 and delta["vae_eager_calls"] == 0, delta
+    architectures = {g["family"].split("/")[0] for g in oneflow_graphs(server)}
+    assert any("UNetModel" in a for a in architectures) and len(architectures) >= 2, architectures
+    assert_same_image(images[0], eager_images(server, prompt)[0], "oneflow 256x256")
+
+
+def test_oneflow_warmup_leaves_zero_compiles_for_the_warmed_sizes(oneflow_server):
+    server = oneflow_server
+    prompt = with_oneflow(workflow_prompt(server, "keepfast_multi_resolution_warmup"))
+    S.set_inputs(prompt, "KeepFastWarmupGraphs", resolutions=", ".join(WARMED),
+                 batch_sizes=", ".join(str(b) for b in BATCHES))
+    latents = S.nodes_of(prompt, "EmptyLatentImage")
+    prompt[latents[0]]["inputs"].update(width=256, height=256, batch_size=1)
+    prompt[latents[1]]["inputs"].update(width=320, height=256, batch_size=2)
+    for node_id in S.nodes_of(prompt, "SaveImage"):
+        prompt[node_id]["inputs"]["filename_prefix"] = unique("oneflow_warm")
+    entry, images, delta = run(server, prompt)
+    assert len(images) == 3
+    report = next(t for i, t in server.texts(entry).items() if prompt[i]["class_type"] == "KeepFastWarmupGraphs")
+    shapes = len(WARMED) * len(BATCHES)
+    assert report.count("served by graph") == 2 * shapes, report  # the UNet and the VAE decoder at each
+    # The samplers ran at warmed sizes: everything they did came from graphs.
+    assert delta["unet_eager_calls"] == 0 and delta["vae_eager_calls"] == 0, delta
+    for width, height, batch in ((320, 256, 1), (256, 256, 2), (320, 256, 2)):
+        again = with_oneflow(txt2img(server, width=width, height=height, batch=batch, seed=310 + batch))
+        entry, images, delta = run(server, again)
+        assert_served(delta, vae=True)
+        for a, b in zip(images, eager_images(server, again)):
+            assert_same_image(a, b, f"oneflow {width}x{height} batch {batch}")
+
+
+def test_an_unwarmed_size_builds_one_graph_with_the_reason(oneflow_server):
+    server = oneflow_server
+    before = len(oneflow_graphs(server))
+    prompt = with_oneflow(txt2img(server, width=192, height=256, seed=320))
+    entry, images, delta = run(server, prompt)
+    assert delta["compiles"] == 2 and delta["unet_eager_calls"] == 0 and delta["vae_eager_calls"] == 0, delta
+    assert len(oneflow_graphs(server)) == before + 2
+    reasons = [m["reason"] for m in server.stats()["messages"] if m["kind"] == "compile"][-2:]
+    assert all("OneFlow graphs have static shapes" in r for r in reasons), reasons
+    assert_same_image(images[0], eager_images(server, prompt)[0], "oneflow 192x256")
+
+
+def test_save_graph_says_plainly_that_oneflow_graphs_are_rebuilt(oneflow_server):
+    server = oneflow_server
+    prompt = with_oneflow(workflow_prompt(server, "keepfast_save_graph"))
+    S.set_inputs(prompt, "KeepFastSaveGraph", name="oneflow_set")
+    entry, images, delta = run(server, prompt)
+    report = next(t for i, t in server.texts(entry).items() if prompt[i]["class_type"] == "KeepFastSaveGraph")
+    assert "graphs of the oneflow backend cannot be saved (OneFlow 0.9.0 cannot serialise compiled graphs" in report
+    assert "graphs are rebuilt on load" in report and "no graph was saved" in report, report
+    assert not list((server.base / "models" / "graphs").glob("oneflow_set*"))
