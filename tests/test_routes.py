@@ -9,10 +9,7 @@ the session's compiled graphs for one listing of real ones.
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,19 +17,13 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support.pack import pack_module
+
 PACK = "keepfast_pack_for_routes"
 
 
 def _pack_module(name: str):
-    """A module of the pack imported as a package, so nodes/ can import ..compiler as it does in ComfyUI."""
-    if PACK not in sys.modules:
-        spec = importlib.util.spec_from_file_location(PACK, REPO / "__init__.py",
-                                                      submodule_search_locations=[str(REPO)])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[PACK] = module
-        spec.loader.exec_module(module)
-    return importlib.import_module(f"{PACK}.{name}")
+    return pack_module(PACK, name)
 
 
 routes = _pack_module("nodes.routes")

@@ -281,6 +281,16 @@ def _input_spec(info: dict) -> List[tuple]:
     return out
 
 
+def combo_options(object_info: dict, node: str, name: str) -> List[str]:
+    """The choices of a node's combo input (V1 lists them in place, V3 as COMBO with "options")."""
+    info = object_info[node]["input"]
+    spec = (info.get("required") or {}).get(name) or (info.get("optional") or {})[name]
+    if isinstance(spec[0], list):
+        return list(spec[0])
+    assert spec[0] == "COMBO", spec
+    return list(spec[1]["options"])
+
+
 def _is_widget(kind: Any, options: dict) -> bool:
     if options.get("forceInput") or options.get("rawLink"):
         return False

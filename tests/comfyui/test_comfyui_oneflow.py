@@ -10,6 +10,8 @@ Image tolerance as in test_comfyui_server.py.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 import kf_support as S
@@ -48,8 +50,8 @@ def oneflow_graphs(server) -> list:
 
 def test_oneflow_is_offered_and_the_first_image_equals_eager(oneflow_server):
     server = oneflow_server
-    choices = server.object_info()["KeepFastModelSpeedup"]["input"]["optional"]["backend"][0]
-    assert "oneflow" in choices
+    for node in ("KeepFastModelSpeedup", "KeepFastVAESpeedup"):
+        assert "oneflow" in S.combo_options(server.object_info(), node, "backend")
     prompt = with_oneflow(txt2img(server, width=256, height=256, seed=300))
     entry, images, delta = run(server, prompt)
     assert len(images) == 1
@@ -100,7 +102,16 @@ def test_an_unwarmed_size_builds_one_graph_with_the_reason(oneflow_server):
 
 def test_save_graph_says_plainly_that_oneflow_graphs_are_rebuilt(oneflow_server):
     server = oneflow_server
-    prompt = with_oneflow(workflow_prompt(server, "keepfast_save_graph"))
+    prompt = workflow_prompt(server, "keepfast_save_graph")
+    # Save Graph saves with the backend the speedup nodes chose: put them in front of it, set to oneflow.
+    speedups = txt2img(server)
+    save = prompt[S.nodes_of(prompt, "KeepFastSaveGraph")[0]]["inputs"]
+    for node, output in (("KeepFastModelSpeedup", "model"), ("KeepFastVAESpeedup", "vae")):
+        node_id = f"{node}_oneflow"
+        prompt[node_id] = copy.deepcopy(speedups[S.nodes_of(speedups, node)[0]])
+        prompt[node_id]["inputs"][output] = save[output]
+        save[output] = [node_id, 0]
+    with_oneflow(prompt)
     S.set_inputs(prompt, "KeepFastSaveGraph", name="oneflow_set")
     entry, images, delta = run(server, prompt)
     report = next(t for i, t in server.texts(entry).items() if prompt[i]["class_type"] == "KeepFastSaveGraph")

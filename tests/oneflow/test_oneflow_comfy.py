@@ -18,8 +18,6 @@ are ~1e-6 (float32 on the CPU).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -62,6 +60,8 @@ except ImportError as error:  # COMFYUI_PATH given: a missing package is a setup
 sys.path.insert(0, str(REPO / "tests" / "comfyui"))
 from kf_models import UNET_CONFIG, _init  # noqa: E402
 
+from tests.support.pack import pack_module  # noqa: E402
+
 pytestmark = pytest.mark.oneflow
 
 PACK = "keepfast_pack_oneflow_comfy"
@@ -73,14 +73,7 @@ VAE_CONFIG = {"double_z": True, "z_channels": 4, "resolution": 256, "in_channels
 
 
 def _pack(name: str):
-    """A module of the pack imported as a package, as ComfyUI imports it (nodes/ import ..compiler)."""
-    if PACK not in sys.modules:
-        spec = importlib.util.spec_from_file_location(PACK, REPO / "__init__.py",
-                                                      submodule_search_locations=[str(REPO)])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[PACK] = module
-        spec.loader.exec_module(module)
-    return importlib.import_module(f"{PACK}.{name}")
+    return pack_module(PACK, name)
 
 
 oneflow_comfy = _pack("nodes.oneflow_comfy")

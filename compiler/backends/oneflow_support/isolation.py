@@ -76,6 +76,9 @@ class FlowPackage:
 _PACKAGES: Dict[str, FlowPackage] = {
     "diffusers": FlowPackage(
         root="diffusers", path=flow_diffusers_path,
+        # Where transformers is installed (always, next to ComfyUI) the copy would import its model code
+        # under the mock, which fails; UNet and VAE do not need it.
+        blocked=("transformers",),
         preload=("huggingface_hub", "safetensors", "safetensors.torch", "PIL.Image", "regex", "requests", "filelock"),
     ),
 }
