@@ -202,7 +202,9 @@ class ComfyConverter:
 
     def build(self, module: torch.nn.Module):
         try:
-            with _copy_logs_to_debug(), isolation.active():
+            with _copy_logs_to_debug(), isolation.active() as roots:
+                if ROOT not in roots:
+                    raise ImportError(isolation.IMPORT_ERRORS.get(ROOT, "it is not importable here"))
                 _prepare_copy()
                 return clone.clone_module(module, ROOT, refuse=_weights_cast_on_the_fly,
                                           plain_layer=_is_comfy_ops_layer, path=type(module).__name__)

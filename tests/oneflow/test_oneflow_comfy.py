@@ -271,3 +271,19 @@ def test_the_real_comfyui_modules_stay_in_sys_modules(unet_setup):
     assert sys.modules["comfy.model_management"] is comfy.model_management
     assert sys.modules["torch"] is torch
     assert not any(type(m).__name__ == "MissingDtype" for m in vars(torch).values())
+
+
+def test_a_registered_package_that_does_not_import_leaves_the_others_working():
+    """Last in this module: it leaves a package registered that never imports."""
+    isolation = _pack("compiler.backends.oneflow_support.isolation")
+    isolation.register_package(isolation.FlowPackage(root="keepfast_no_such_package"))
+    registry = pack_compiler.GraphRegistry()
+    vae = TAESD(latent_channels=4)
+    _init(vae, 4)
+    vae.eval()
+    forward = adapter.ComfyForward(vae, _options("VAE decode"), registry, forward_fn=node_vae._vae_forward)
+    sample = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(5))
+    out = forward.call(lambda: pytest.fail(f"ran eager: {registry.fallbacks}"), "decode", sample)
+    with torch.no_grad():
+        assert float((out - vae.decode(sample)).abs().max()) < ATOL
+    assert "No module named 'keepfast_no_such_package'" in isolation.IMPORT_ERRORS["keepfast_no_such_package"]

@@ -33,6 +33,7 @@ _LOCK = threading.RLock()
 _FLOW_MODULES: Dict[str, types.ModuleType] = {}
 _QUARANTINE: Dict[str, types.ModuleType] = {}
 _LOADED: Dict[str, str] = {}  # "path", "version" of the diffusers copy
+IMPORT_ERRORS: Dict[str, str] = {}  # root -> why its OneFlow copy did not import at the last activation
 
 # `oneflow.mock_torch.enable()` edits its caller's globals (drops `torch`,
 # adds `torch.*` keys): call it from a namespace of its own.
@@ -139,7 +140,8 @@ def _preload(packages: List[FlowPackage]) -> None:
 @contextlib.contextmanager
 def active() -> Iterator[Dict[str, types.ModuleType]]:
     """Inside: `torch` is OneFlow and sys.modules holds the OneFlow copy of every registered
-    package that can be imported here. Yields {root name: the copy's root module}."""
+    package that can be imported here. Yields {root name: the copy's root module}; a package
+    whose copy does not import is left out (IMPORT_ERRORS says why)."""
     _MISSING = object()
     with _LOCK:
         shims.install()
@@ -167,7 +169,12 @@ def active() -> Iterator[Dict[str, types.ModuleType]]:
         try:
             roots = {}
             for package, where in packages:
-                root = importlib.import_module(package.root)
+                try:
+                    root = importlib.import_module(package.root)
+                except ImportError as error:  # this one cannot be built here; the others still can
+                    IMPORT_ERRORS[package.root] = f"{type(error).__name__}: {error}"
+                    continue
+                IMPORT_ERRORS.pop(package.root, None)
                 if where and not str(getattr(root, "__file__", "")).startswith(where):
                     raise ImportError(f"expected the {package.root} copy in {where}, got {getattr(root, '__file__', '?')}")
                 for name in list(package.shared) + [n for n in sys.modules if package.owns(n) and "." in n]:
@@ -211,6 +218,9 @@ def load() -> str:
         if path is None:
             raise ImportError(flow_diffusers_missing_reason())
         with active() as roots:
+            if "diffusers" not in roots:
+                raise ImportError(f"the diffusers copy in {path} does not import under OneFlow: "
+                                  f"{IMPORT_ERRORS.get('diffusers', '?')}")
             version = str(roots["diffusers"].__version__)
         _LOADED.update(path=path, version=version)
         return version
