@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from compiler.backends.oneflow_support import oneflow_unavailable_reason
+from tests.support.pack import pack_module
 
 REPO = Path(__file__).resolve().parents[2]
 COMFYUI = os.environ.get("COMFYUI_PATH")
@@ -44,7 +45,7 @@ if _REASON is not None:
 if not COMFYUI:
     _skip("COMFYUI_PATH is not set (ComfyUI's source is not on a package registry; see the README)")
 
-sys.path.insert(0, COMFYUI)
+sys.path.append(COMFYUI)  # after the repository: ComfyUI has top-level `tests` and `utils` of its own
 try:
     import comfy.cli_args
 
@@ -59,8 +60,6 @@ except ImportError as error:  # COMFYUI_PATH given: a missing package is a setup
 
 sys.path.insert(0, str(REPO / "tests" / "comfyui"))
 from kf_models import UNET_CONFIG, _init  # noqa: E402
-
-from tests.support.pack import pack_module  # noqa: E402
 
 pytestmark = pytest.mark.oneflow
 
@@ -207,6 +206,35 @@ def test_an_in_place_weight_change_reaches_every_graph(unet_setup):
     finally:
         with torch.no_grad():
             weight.copy_(saved)
+
+
+# SDXL's layout, narrowed: linear transformer projections, class-embedding input y, two levels with a
+# downsample, attention heads by channel count.
+SDXL_LIKE_CONFIG = {
+    "image_size": 32, "in_channels": 4, "out_channels": 4, "model_channels": 64, "num_res_blocks": [1, 1],
+    "channel_mult": [1, 2], "transformer_depth": [0, 1], "transformer_depth_output": [0, 0, 0, 1, 1, 1],
+    "transformer_depth_middle": 1, "use_spatial_transformer": True, "context_dim": 64,
+    "use_linear_in_transformer": True, "num_heads": -1, "num_head_channels": 32, "legacy": False,
+    "adm_in_channels": 32, "num_classes": "sequential", "use_temporal_resblock": False,
+    "use_temporal_attention": False,
+}
+
+
+def test_an_sdxl_layout_unet_equals_comfyui_eager(numbers):
+    registry = pack_compiler.GraphRegistry()
+    unet = UNetModel(dtype=torch.float32, device="cpu", operations=comfy.ops.disable_weight_init,
+                     **SDXL_LIKE_CONFIG)
+    _init(unet, 3)
+    unet.eval()
+    forward = adapter.ComfyForward(unet, _options("UNetModel SDXL-like"), registry,
+                                   forward_fn=node_unet._forward_fn)
+    generator = torch.Generator().manual_seed(6)
+    kwargs = {"x": torch.randn(2, 4, 16, 16, generator=generator), "timesteps": torch.tensor([5.0, 700.0]),
+              "context": torch.randn(2, 77, 64, generator=generator), "y": torch.randn(2, 32, generator=generator)}
+    out = forward.call(lambda: pytest.fail(f"ran eager: {registry.fallbacks}"), **kwargs)
+    diff = float((out - _eager_unet(unet, kwargs)).abs().max())
+    assert diff < ATOL
+    numbers.append(("ComfyUI SDXL-layout UNetModel max |graph - eager|", f"{diff:.2e}"))
 
 
 @pytest.mark.parametrize("make, op, shape", [
