@@ -68,6 +68,7 @@ class CompiledForward:
         self._structure: Optional[Tuple[tuple, str]] = None
         self._settled: Dict[tuple, Tuple[int, str]] = {}
         self._compile_failed: Dict[str, str] = {}  # family id -> why; not retried in this process
+        self._declared: Dict[str, set] = {}  # family id -> input shapes a warmup asked graphs for
         self.last_status: str = "not run yet"
         self.eager_calls = 0
         self.graph_calls = 0
@@ -199,7 +200,7 @@ class CompiledForward:
         if family.id in self._compile_failed:
             return None, self._compile_failed[family.id] + " (not retried)"
         existing = self.registry.family_graphs(family)
-        if len(existing) >= backend.max_graphs_per_family:
+        if len(existing) >= self._graph_limit(backend, family):
             return None, (f"{len(existing)} graphs already built for this input structure and none serves "
                           f"it ({why}); not compiling more")
         if existing:
@@ -215,6 +216,15 @@ class CompiledForward:
         if options.cover_range and not backend.static_shapes:
             self._cover(backend, family, call, progress)
         return graph, None
+
+    def _graph_limit(self, backend, family: FamilyKey) -> int:
+        """Graphs one family may hold: the backend's bound, or as many shapes as warmups declared.
+
+        A static-shape backend (oneflow) needs a graph per shape: a user who
+        warms up 5 resolutions x 3 batch sizes asked for 15 graphs, and every one
+        of those sizes must be served afterwards.
+        """
+        return max(backend.max_graphs_per_family, len(self._declared.get(family.id, ())))
 
     def _compile(self, backend, family, call, reason, progress) -> Tuple[Optional[CompiledGraph], Optional[str]]:
         key = GraphKey(family, self.options.shape_range)
@@ -258,7 +268,7 @@ class CompiledForward:
                 return
             if why is None:
                 continue
-            if len(self.registry.family_graphs(family)) >= backend.max_graphs_per_family:
+            if len(self.registry.family_graphs(family)) >= self._graph_limit(backend, family):
                 return
             reason = f"range corner batch {batch}, latent {height}x{width} is not served ({why})"
             self._compile(backend, family, probe, reason, progress)
@@ -291,8 +301,10 @@ class CompiledForward:
     def warmup(self, calls: Iterable[Tuple[tuple, dict]], progress: Optional[Progress] = None) -> List[str]:
         """Make sure a graph serves each example call; returns what happened for each."""
         results = []
-        for args, kwargs in calls:
-            call = self.flatten(args, kwargs)
+        calls = [self.flatten(args, kwargs) for args, kwargs in calls]
+        for call in calls:
+            self._declared.setdefault(self.family_for(call).id, set()).add(tuple(map(tuple, call.shapes)))
+        for call in calls:
             family = self.family_for(call)
             graph, why = self.registry.find(family, call)
             if graph is None:

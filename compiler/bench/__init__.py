@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .models import MODELS
+from .models import DEFAULT_VARIANTS, MODELS
 from .models import VARIANTS as VARIANT_NAMES
 
 
@@ -38,8 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="weights and inputs (default: fp32 on CPU, fp16 on CUDA)")
     parser.add_argument("--models", type=lambda t: _names(t, MODELS), default=list(MODELS),
                         help=f"comma-separated subset of {','.join(MODELS)}")
-    parser.add_argument("--variants", type=lambda t: _names(t, VARIANT_NAMES), default=list(VARIANT_NAMES),
-                        help=f"comma-separated subset of {','.join(VARIANT_NAMES)}")
+    parser.add_argument("--variants", type=lambda t: _names(t, VARIANT_NAMES), default=list(DEFAULT_VARIANTS),
+                        help=f"comma-separated subset of {','.join(VARIANT_NAMES)} (default: all but ours_oneflow, "
+                             "which needs OneFlow's Python 3.10 environment)")
     parser.add_argument("--reps", type=int, default=None, help="timed eager/compiled pairs per shape (default 11 with --quick, else 5)")
     parser.add_argument("--no-comfy", action="store_true", help="skip the ComfyUI part even with COMFYUI_PATH set")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, caches, graphs)")

@@ -20,8 +20,8 @@ from typing import Any, Dict, Iterable, List, Optional
 
 HEADLINE_MODEL = "sd15"
 HEADLINE_OURS = "ours_aot_load"  # the default backend, as a user runs it after graphs are saved
-COMPILED = ("torch_compile", "ours_inductor", "ours_aot_load")
-OURS = ("ours_inductor", "ours_aot_cold", "ours_aot_load")
+COMPILED = ("torch_compile", "ours_inductor", "ours_aot_load", "ours_oneflow")
+OURS = ("ours_inductor", "ours_aot_cold", "ours_aot_load", "ours_oneflow")
 LABELS = {
     "eager": "eager",
     "torch_compile": "torch.compile (as TorchCompileModel)",
@@ -29,9 +29,11 @@ LABELS = {
     "ours_inductor": "ours, inductor backend",
     "ours_aot_cold": "ours, aot backend, cold compile",
     "ours_aot_load": "ours, aot backend, loaded from disk in a fresh process",
+    "ours_oneflow": "ours, oneflow backend (graphs per shape, warmed up)",
 }
 SHORT = {"torch_compile": "torch.compile", "ours_inductor": "ours (inductor)", "ours_aot_cold": "ours (aot, cold)",
-         "ours_aot_load": "ours (aot, loaded)"}
+         "ours_aot_load": "ours (aot, loaded)",
+         "ours_oneflow": "ours (oneflow)"}
 TARGETS = {
     "steady_ratio_vs_torch_compile": ("steady state at least as fast as plain torch.compile (SD1.5-shaped UNet)",
                                       ">=", 1.0),
@@ -134,6 +136,8 @@ def model_summary(name: str, jobs: Dict[str, dict], spec: Optional[dict] = None)
     out["sweep_compiles"] = {variant: job.get("sweep_compiles") for variant, job in ok.items() if "sweep" in job}
     out["sweep_wall_s"] = {variant: _round(job.get("sweep_wall_s"), 2) for variant, job in ok.items() if "sweep" in job}
     out["sweep_shapes"] = len(next((j["sweep"] for j in ok.values() if j.get("sweep")), []))
+    out["warmup"] = {variant: {"s": _round(job["warmup_s"], 2), "compiles": job.get("warmup_compiles")}
+                     for variant, job in ok.items() if "warmup_s" in job}
     tc = ok.get("torch_compile", {})
     out["torch_compile_graphs_total"] = tc.get("compiles_total")
     out["torch_compile_recompile_limit_hit"] = tc.get("recompile_limit_hit") or []
@@ -292,7 +296,7 @@ def markdown(summary: Dict[str, Any]) -> str:
         first, compiles, process = model.get("first_call_s") or {}, model.get("first_call_compiles") or {}, \
             model.get("process_to_first_result_s") or {}
         for variant in ("eager", "torch_compile", "torch_compile_warm", "ours_inductor", "ours_aot_cold",
-                        "ours_aot_load"):
+                        "ours_aot_load", "ours_oneflow"):
             if variant in first:
                 add(f"| {LABELS[variant]} | {_fmt(first[variant], 2)} | {_fmt(compiles.get(variant))} "
                     f"| {_fmt(process.get(variant), 2)} |")
@@ -308,12 +312,16 @@ def markdown(summary: Dict[str, Any]) -> str:
         add("| | compiles in the sweep | sweep wall time, s | peak RSS of the process, MB |")
         add("|---|---|---|---|")
         rss = model.get("peak_rss_mb") or {}
-        for variant in ("eager", "torch_compile", "ours_inductor", "ours_aot_cold", "ours_aot_load"):
+        for variant in ("eager", "torch_compile", "ours_inductor", "ours_aot_cold", "ours_aot_load", "ours_oneflow"):
             if variant in (model.get("sweep_compiles") or {}):
                 add(f"| {LABELS[variant]} | {_fmt(model['sweep_compiles'][variant])} "
                     f"| {_fmt(model['sweep_wall_s'].get(variant), 1)} | {_fmt(rss.get(variant), 0)} |")
         if "torch_compile_warm" in rss:
             add(f"| {LABELS['torch_compile_warm']} (first call only) | | | {_fmt(rss['torch_compile_warm'], 0)} |")
+        for variant, warmup in (model.get("warmup") or {}).items():
+            add("")
+            add(f"{LABELS[variant]}: the sweep's and steady shapes were warmed up before the sweep: "
+                f"{_fmt(warmup['compiles'])} graph builds in {_fmt(warmup['s'], 1)} s.")
         if model.get("cuda_max_memory_allocated_mb"):
             add("")
             add("CUDA max memory allocated (MB): " + ", ".join(

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from . import models as M
 from . import report
-from .models import VARIANTS
+from .models import DEFAULT_VARIANTS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -97,7 +97,7 @@ def _line(result: Dict[str, Any]) -> str:
 
 
 def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str = "fp32",
-              models: Sequence[str] = M.MODELS, variants: Sequence[str] = VARIANTS, reps: Optional[int] = None,
+              models: Sequence[str] = M.MODELS, variants: Sequence[str] = DEFAULT_VARIANTS, reps: Optional[int] = None,
               comfy: bool = True, keep: bool = False, job_timeout: Optional[float] = None) -> int:
     profile = "quick" if quick else "full"
     reps = reps or (11 if quick else 5)  # quick calls take milliseconds: more pairs for the same time

@@ -241,6 +241,32 @@ def test_vae_decoder_equals_torch_eager(numbers):
     assert graph.binding.shares_with(vae.decoder)
 
 
+def test_warming_up_more_shapes_than_the_default_bound_serves_every_one(numbers):
+    """A graph per shape: a declared list longer than the backend's bound (8) is still served whole."""
+    registry = GraphRegistry()
+    vae = tiny_vae(1)
+    compiled = compile_module(vae.decoder, oneflow_options(label="vae.decoder"), registry)
+    assert OneflowBackend.max_graphs_per_family == 8
+    batches, latents = (1, 2), ((8, 8), (8, 12), (12, 8), (12, 12), (16, 8))
+    calls = declared_calls((torch.randn(1, 4, 8, 8),), {}, batches, latents)
+    started = time.perf_counter()
+    assert compiled.warmup(calls) == ["ready"] * 10
+    numbers.append(("VAE decoder warmup, 10 shapes", f"{time.perf_counter() - started:.1f} s"))
+    registry.reset_counters()
+    for batch in batches:
+        for height, width in latents:
+            latent = torch.randn(batch, 4, height, width)
+            image = vae.decoder(latent)
+            assert compiled.last_status == "compiled graph"
+            with torch.no_grad():
+                assert float((image - compiled.eager(latent)).abs().max()) < ATOL
+    assert len(registry.compiles) == 0
+    vae.decoder(torch.randn(1, 4, 16, 16))  # not declared: over the bound, eager with the reason
+    assert len(registry.compiles) == 0
+    assert compiled.last_status.startswith("eager: 10 graphs already built for this input structure"), \
+        compiled.last_status
+
+
 def test_a_graph_that_differs_from_eager_is_not_used(monkeypatch):
     import compiler.backends.oneflow_backend as oneflow_backend
 
