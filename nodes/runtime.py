@@ -105,7 +105,7 @@ def backend_tooltip() -> str:
     lines = ["How graphs are made. aot: torch.export + AOTInductor packages, saved in models/graphs and loaded "
              "after a restart; inductor: torch.compile with dynamic shapes, kept in memory only; oneflow: one "
              "OneFlow graph per shape and batch size, built from a OneFlow copy of the model (warm "
-             "up the sizes you use; OneFlow 0.9.0 cannot save graphs)."]
+             "up the sizes you use; OneFlow 0.9.0 cannot save graphs; made for CUDA, slower than torch on a CPU)."]
     missing = {name: reason for name, reason in backend_reasons().items() if reason}
     if missing:
         lines.append("Not offered here: " + "; ".join(f"{name}: {reason}" for name, reason in missing.items()))
