@@ -20,7 +20,7 @@ if not S.comfyui_available():
     pytest.skip(S.SKIP_REASON, allow_module_level=True)
 
 from test_comfyui_server import (  # noqa: E402
-    assert_same_image, assert_served, eager_images, run, txt2img, unique, workflow_prompt,
+    _with_lora, assert_same_image, assert_served, eager_images, run, txt2img, unique, workflow_prompt,
 )
 
 pytestmark = pytest.mark.comfyui
@@ -98,6 +98,27 @@ def test_an_unwarmed_size_builds_one_graph_with_the_reason(oneflow_server):
     reasons = [m["reason"] for m in server.stats()["messages"] if m["kind"] == "compile"][-2:]
     assert all("OneFlow graphs have static shapes" in r for r in reasons), reasons
     assert_same_image(images[0], eager_images(server, prompt)[0], "oneflow 192x256")
+
+
+def test_a_lora_on_and_off_runs_from_the_graphs_and_leaves_the_base_weights(oneflow_server):
+    """The graphs read the model's weight memory: ComfyUI patching a LoRA in and out must end with the
+    checkpoint's own weights (compared with an image made before any LoRA ran)."""
+    server = oneflow_server
+    base = with_oneflow(txt2img(server, width=256, height=256, seed=330))
+    before_lora = eager_images(server, base)[0]
+    run(server, base)
+    lora = _with_lora(base, 1.0, before_speedup=False)
+    S.set_inputs(lora, "SaveImage", filename_prefix=unique("oneflow_lora"))
+    entry, images, delta = run(server, lora)
+    assert_served(delta, vae=True)
+    with_lora = images[0]
+    assert_same_image(with_lora, eager_images(server, lora)[0], "oneflow with a LoRA")
+    entry, images, delta = run(server, base)
+    assert_served(delta, vae=True)
+    assert_same_image(images[0], before_lora, "oneflow after the LoRA was removed vs before it ran")
+    assert_same_image(eager_images(server, base)[0], before_lora, "eager after the LoRA was removed")
+    changed, _ = S.image_difference(with_lora, images[0])
+    assert changed > 1.0, f"the LoRA did not change the image (mean difference {changed:.3f})"
 
 
 def test_save_graph_says_plainly_that_oneflow_graphs_are_rebuilt(oneflow_server):

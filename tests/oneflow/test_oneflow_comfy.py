@@ -208,6 +208,32 @@ def test_an_in_place_weight_change_reaches_every_graph(unet_setup):
             weight.copy_(saved)
 
 
+def test_a_lora_patched_and_unpatched_as_comfyui_does_keeps_the_base_weights(unet_setup):
+    """ComfyUI's ModelPatcher keeps the original Parameter as its backup (weight.to(cpu) is the same
+    object on the CPU), puts a new Parameter with the patched weight in its place, and puts the backup
+    back to unpatch. The graphs read one block of weight memory: the backup must not be overwritten."""
+    registry, unet, forward, _ = unet_setup
+    kwargs = _unet_call(4, 16, 12, seed=21)
+    base = forward.call(lambda: pytest.fail("ran eager"), **kwargs)
+    layer = unet.out[2]
+    backup = layer.weight.to(device="cpu", copy=False)  # what ModelPatcher.patch_weight_to_device keeps
+    assert backup is layer.weight
+    original = backup.detach().clone()
+    layer.weight = torch.nn.Parameter(backup.detach() * 1.5, requires_grad=False)  # comfy.utils.set_attr_param
+    registry.reset_counters()
+    patched = forward.call(lambda: pytest.fail("ran eager"), **kwargs)
+    assert len(registry.compiles) == 0
+    assert float((patched - _eager_unet(unet, kwargs)).abs().max()) < ATOL
+    assert float((patched - base).abs().max()) > 1e-3
+    assert torch.equal(backup.detach(), original), "the backup ComfyUI unpatches with was overwritten"
+    layer.weight = backup  # ModelPatcher.unpatch_model
+    restored = forward.call(lambda: pytest.fail("ran eager"), **kwargs)
+    assert len(registry.compiles) == 0
+    assert torch.equal(layer.weight.detach(), original)
+    assert float((restored - base).abs().max()) < ATOL
+    assert float((restored - _eager_unet(unet, kwargs)).abs().max()) < ATOL
+
+
 # SDXL's layout, narrowed: linear transformer projections, class-embedding input y, two levels with a
 # downsample, attention heads by channel count.
 SDXL_LIKE_CONFIG = {

@@ -22,6 +22,12 @@ replaced Parameter):
   the other module's weights) and the call is refused with the reason; the
   dispatcher runs it eagerly.
 
+A replaced tensor may still be held elsewhere: ComfyUI's ModelPatcher keeps
+the original Parameter as the backup it restores when a LoRA is removed (on
+the CPU `weight.to(cpu)` is the same object). Before new values are copied
+into the shared memory, every other live tensor that still reads it gets its
+own copy of its values, so such a backup keeps the original weights.
+
 OneFlow runs asynchronously: everything that writes into shared memory, and
 everything that reads a graph's output, comes after `sync()`.
 """
@@ -109,6 +115,8 @@ class WeightBinding:
                 "a OneFlow graph needs them on one"
             )
         self.owner = weakref.ref(module)
+        # Per tensor: the torch tensors whose memory is the graphs' (weak: a dropped one needs nothing).
+        self._holders: List[List["weakref.ref[torch.Tensor]"]] = [[weakref.ref(t)] for t in tensors]
         self._share()
 
     # -- the OneFlow side -----------------------------------------------------
@@ -176,13 +184,15 @@ class WeightBinding:
                     f"the module's weights are on {tensor.device}, these OneFlow graphs' on {memory.device}"
                 )
         sync()  # no graph may still be reading the memory we are about to write
-        copied = 0
+        copied = kept = 0
         with torch.no_grad():
-            for tensor, memory, same in zip(tensors, self.memory, aliased):
+            for index, (tensor, memory, same) in enumerate(zip(tensors, self.memory, aliased)):
                 if same:
                     continue
+                kept += self._keep_other_holders(index, tensor, memory)
                 memory.copy_(tensor)
                 tensor.data = memory  # the module now uses the graphs' memory (as module.to() re-points)
+                self._holders[index] = [weakref.ref(tensor)]
                 copied += 1
         if self.memory and self.memory[0].is_cuda:
             torch.cuda.synchronize(self.memory[0].device)
@@ -197,9 +207,24 @@ class WeightBinding:
         self.copies += 1
         note = (f"copied {copied} of {len(tensors)} weight tensors of {_describe(module)} into the OneFlow graphs' "
                 f"weight memory ({before}); the module now shares that memory with the graphs")
+        if kept:
+            note += (f"; {kept} replaced tensors still held elsewhere (e.g. a patcher's backup of the unpatched "
+                     "weights) got their own copy of their values first")
         self.notes.append(note)
         del self.notes[:-20]
         log.warning("oneflow backend: %s", note)
+
+    def _keep_other_holders(self, index: int, tensor: torch.Tensor, memory: torch.Tensor) -> int:
+        """Give every live tensor other than `tensor` that reads `memory` its own copy; how many."""
+        kept = 0
+        for ref in self._holders[index]:
+            holder = ref()
+            if holder is None or holder is tensor:
+                continue
+            if holder.device == memory.device and holder.data_ptr() == memory.data_ptr():
+                holder.data = memory.clone()
+                kept += 1
+        return kept
 
     def status(self) -> dict:
         return {"owner": _describe(self.owner()), "tensors": len(self.names), "copies": self.copies,
