@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from .backends import DEFAULT_BACKEND, BackendUnavailable, CompiledGraph, CompileFailed, get_backend
-from .backends.base import GraphMismatch, GuardsUnknown, Progress, range_failure
+from .backends.base import CompileDeferred, GraphMismatch, GuardsUnknown, Progress, range_failure
 from .environment import device_kind, dtype_name, torch_version
 from .flat_module import ForwardFn
 from .keys import FamilyKey, GraphKey
@@ -155,9 +155,10 @@ class CompiledForward:
             if graph is not None:
                 return graph, None
             graph, reason = self._load(family, call)
+            settle = True
             if graph is None:
-                graph, reason = self._compile_for(family, call, reason or why, progress)
-        if graph is None:
+                graph, reason, settle = self._compile_for(family, call, reason or why, progress)
+        if graph is None and settle:
             self._settled[settled_key] = (self.registry.generation, reason)
         return graph, reason
 
@@ -185,37 +186,39 @@ class CompiledForward:
                              seconds=time.perf_counter() - started, graph_id=graph.key.id)
         return graph, None
 
-    def _compile_for(self, family, call, why, progress) -> Tuple[Optional[CompiledGraph], Optional[str]]:
+    def _compile_for(self, family, call, why, progress) -> Tuple[Optional[CompiledGraph], Optional[str], bool]:
+        """(graph, None, _), or (None, why not, whether that answer holds until the registry changes)."""
         options = self.options
         if not options.compile_on_miss:
-            return None, (why or "no stored graph serves this input") + "; compiling is off"
+            return None, (why or "no stored graph serves this input") + "; compiling is off", True
         bounds = leaf_bounds(call.shapes, [t.dims for t in call.signature.tensors], options.shape_range)
         outside = range_failure(call.shapes, bounds, call.tensor_paths)
         if outside:
-            return None, f"{outside} (declared range: {options.shape_range.describe()})"
+            return None, f"{outside} (declared range: {options.shape_range.describe()})", True
         try:
             backend = get_backend(options.backend)
         except BackendUnavailable as error:
-            return None, str(error)
+            return None, str(error), True
         if family.id in self._compile_failed:
-            return None, self._compile_failed[family.id] + " (not retried)"
+            return None, self._compile_failed[family.id] + " (not retried)", True
         existing = self.registry.family_graphs(family)
         if len(existing) >= self._graph_limit(backend, family):
             return None, (f"{len(existing)} graphs already built for this input structure and none serves "
-                          f"it ({why}); not compiling more")
+                          f"it ({why}); not compiling more"), True
         if existing:
             reason = f"no graph serves this input ({why})"
         elif why:
             reason = why
         else:
             reason = "first call for this model, dtype and input structure"
-        graph, error = self._compile(backend, family, call, reason, progress)
+        graph, error, retry = self._compile(backend, family, call, reason, progress)
         if graph is None:
-            self._compile_failed[family.id] = error
-            return None, error
+            if not retry:
+                self._compile_failed[family.id] = error
+            return None, error, not retry
         if options.cover_range and not backend.static_shapes:
             self._cover(backend, family, call, progress)
-        return graph, None
+        return graph, None, True
 
     def _graph_limit(self, backend, family: FamilyKey) -> int:
         """Graphs one family may hold: the backend's bound, or as many shapes as warmups declared.
@@ -226,7 +229,9 @@ class CompiledForward:
         """
         return max(backend.max_graphs_per_family, len(self._declared.get(family.id, ())))
 
-    def _compile(self, backend, family, call, reason, progress) -> Tuple[Optional[CompiledGraph], Optional[str]]:
+    def _compile(self, backend, family, call, reason,
+                 progress) -> Tuple[Optional[CompiledGraph], Optional[str], bool]:
+        """(graph, None, False), or (None, why, whether a later call may try again)."""
         key = GraphKey(family, self.options.shape_range)
         label = self.label
 
@@ -239,9 +244,12 @@ class CompiledForward:
         started = time.perf_counter()
         try:
             graph = backend.compile(self.module, self.forward_fn, call, key, report)
+        except CompileDeferred as error:
+            log.warning("%s: not compiled now: %s", label, error)
+            return None, f"not compiled now: {error}", True
         except (CompileFailed, BackendUnavailable) as error:
             log.warning("%s: compile failed: %s", label, error)
-            return None, f"compile failed: {error}"
+            return None, f"compile failed: {error}", False
         seconds = time.perf_counter() - started
         self.registry.add(graph)
         self.registry.record(COMPILE, family, f"{label}: {reason}", seconds=seconds, graph_id=graph.key.id,
@@ -249,7 +257,7 @@ class CompiledForward:
         report("compiled", 1.0)
         if self.options.autosave and self.options.store is not None and graph.persistent:
             self.save_graph(graph, call)
-        return graph, None
+        return graph, None, False
 
     def _cover(self, backend, family, call, progress) -> None:
         """Compile now for the range corners no graph serves, not in a later run.

@@ -47,6 +47,10 @@ class CompileFailed(Exception):
     """The backend could not build a graph; the message says why."""
 
 
+class CompileDeferred(CompileFailed):
+    """The backend cannot build this graph now (not enough free memory); a later call may try again."""
+
+
 class GraphMismatch(Exception):
     """Running showed this graph cannot serve the call (e.g. a torch.compile guard
     failed); the graph remembers it, and the dispatcher looks for another."""

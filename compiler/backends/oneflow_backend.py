@@ -45,7 +45,8 @@ from ..keys import GraphKey
 from ..probes import reshape_call
 from ..signature import FlatCall
 from .base import (
-    Backend, BackendUnavailable, CompiledGraph, CompileFailed, PackageInfo, Progress, is_portable_forward, no_progress,
+    Backend, BackendUnavailable, CompileDeferred, CompiledGraph, CompileFailed, PackageInfo, Progress,
+    is_portable_forward, no_progress,
 )
 from .oneflow_support import oneflow_unavailable_reason, persist_unavailable_reason
 from .oneflow_support.availability import runtime_state_supported
@@ -139,7 +140,12 @@ class OneflowGraph(CompiledGraph):
         self.build_seconds = 0.0
         self.eager_seconds = 0.0
         self.max_abs_diff: Optional[float] = None
+        self.measured_bytes = 0  # memory the build took (process RSS on the CPU, device memory on CUDA)
         self.last_note = ""
+
+    @property
+    def nbytes(self) -> int:
+        return self.measured_bytes
 
     # -- serving ----------------------------------------------------------------
     def why_not(self, call: FlatCall) -> Optional[str]:
@@ -306,6 +312,7 @@ class OneflowBackend(Backend):
     def __init__(self):
         self._bindings: List["weakref.ref"] = []
         self._lock = threading.Lock()
+        self._footprints: dict = {}  # (architecture, structure, device) -> [(input elements, bytes)]
         reason = oneflow_unavailable_reason()
         self.persistent = reason is None and runtime_state_supported()
 
@@ -370,7 +377,15 @@ class OneflowBackend(Backend):
             raise BackendUnavailable(reason)
         self.check_supported(module, call)
         flow_forward = _flow_forward(module, forward_fn)
+        from .oneflow_support import memory
         from .oneflow_support.graph import CallGraph
+
+        device = call.tensors[0].device if call.tensors else torch.device("cpu")
+        footprint_key = (key.family.architecture, key.family.structure, str(device))
+        elements = max((t.numel() for t in call.tensors), default=0)
+        short = memory.shortfall(self._footprints.get(footprint_key, []), elements, device)
+        if short:
+            raise CompileDeferred(short)
 
         started = time.perf_counter()
         progress("building the OneFlow module (shared weights)", 0.05)
@@ -383,6 +398,7 @@ class OneflowBackend(Backend):
 
         progress("compiling the OneFlow graph", 0.2)
         started = time.perf_counter()
+        used_before = memory.used_bytes(device)
         try:
             outputs = graph._execute(module, call)
         except CompileFailed:
@@ -390,6 +406,10 @@ class OneflowBackend(Backend):
         except Exception as error:
             raise CompileFailed(f"OneFlow graph compile failed: {type(error).__name__}: {_first_line(error)}") from error
         graph.build_seconds = time.perf_counter() - started
+        used_after = memory.used_bytes(device)
+        if used_before is not None and used_after is not None:
+            graph.measured_bytes = max(0, used_after - used_before)
+            self._footprints.setdefault(footprint_key, []).append((elements, graph.measured_bytes))
 
         progress("checking the graph against torch eager", 0.9)
         started = time.perf_counter()

@@ -267,6 +267,29 @@ def test_warming_up_more_shapes_than_the_default_bound_serves_every_one(numbers)
         compiled.last_status
 
 
+def test_a_graph_that_would_not_fit_in_memory_runs_eager_and_is_tried_again_later(monkeypatch):
+    from compiler.backends.oneflow_support import memory
+
+    registry = GraphRegistry()
+    vae = tiny_vae(2)
+    compiled = compile_module(vae.decoder, oneflow_options(label="vae.decoder"), registry)
+    vae.decoder(torch.randn(1, 4, 8, 8))
+    first = registry.graphs()[0]
+    assert first.nbytes > 0  # measured when built
+    # 8x the input of the first graph needs about 8x its memory: pretend only 2x is free.
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2 * first.nbytes)
+    latent = torch.randn(2, 4, 16, 16)
+    image = vae.decoder(latent)
+    assert compiled.last_status.startswith("eager: not compiled now: not enough memory for another OneFlow graph"), \
+        compiled.last_status
+    with torch.no_grad():
+        assert torch.equal(image, compiled.eager(latent))
+    assert len(registry.compiles) == 1
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1 << 50)
+    image = vae.decoder(latent)  # not marked failed: tried again, and built
+    assert compiled.last_status == "compiled graph" and len(registry.compiles) == 2
+
+
 def test_a_graph_that_differs_from_eager_is_not_used(monkeypatch):
     import compiler.backends.oneflow_backend as oneflow_backend
 

@@ -95,10 +95,6 @@ def register_package(package: FlowPackage) -> None:
         _PACKAGES[package.root] = package
 
 
-def registered_roots() -> List[str]:
-    return list(_PACKAGES)
-
-
 def _usable(package: FlowPackage) -> Optional[str]:
     """The folder to import the copy from ("" for the real files), or None if it cannot be imported."""
     path = package.path()
@@ -259,4 +255,4 @@ def flow_class(torch_cls: type) -> Tuple[Optional[type], str]:
 
 
 __all__ = ["FlowPackage", "FLOW_DIFFUSERS_VERSION", "active", "find_in_copy", "flow_class", "load",
-           "register_package", "registered_roots"]
+           "register_package"]
