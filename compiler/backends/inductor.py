@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import sys
 import threading
 import types
 from typing import Any, Dict, List, Optional, Set, Tuple
@@ -68,7 +69,10 @@ def _fresh_entry_point(name: str):
     def entry(flat, params, tensors):
         return torch.func.functional_call(flat, params, (tensors,))
 
-    code = entry.__code__.replace(co_name=name, co_qualname=name)
+    names = {"co_name": name}
+    if sys.version_info >= (3, 11):  # code objects have a qualified name from Python 3.11 on
+        names["co_qualname"] = name
+    code = entry.__code__.replace(**names)
     return types.FunctionType(code, entry.__globals__, name, entry.__defaults__, entry.__closure__)
 
 

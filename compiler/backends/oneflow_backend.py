@@ -312,7 +312,7 @@ class OneflowBackend(Backend):
     def __init__(self):
         self._bindings: List["weakref.ref"] = []
         self._lock = threading.Lock()
-        self._footprints: dict = {}  # (architecture, structure, device) -> [(input elements, bytes)]
+        self._footprints: dict = {}  # (family id, device) -> [(largest input's elements, bytes)]
         reason = oneflow_unavailable_reason()
         self.persistent = reason is None and runtime_state_supported()
 
@@ -381,7 +381,7 @@ class OneflowBackend(Backend):
         from .oneflow_support.graph import CallGraph
 
         device = call.tensors[0].device if call.tensors else torch.device("cpu")
-        footprint_key = (key.family.architecture, key.family.structure, str(device))
+        footprint_key = (key.family.id, str(device))  # one model, one input structure (VAE decode != encode)
         elements = max((t.numel() for t in call.tensors), default=0)
         short = memory.shortfall(self._footprints.get(footprint_key, []), elements, device)
         if short:
