@@ -398,7 +398,9 @@ def test_corrupt_files_in_graphs_folder(server):
     broken.mkdir(exist_ok=True)
     (broken / "garbage.json").write_text("{ this is not json")
     set_entries = saved_set(server)
-    unet_graph = next(name for name in set_entries if name.startswith("UNetModel-"))
+    # The plain txt2img graph (the set may also hold the ControlNet input structure's, in any order).
+    unet_graph = next(name for name in set_entries if name.startswith("UNetModel-") and not any(
+        path.startswith("control") for path in json.loads((folder / (name + ".json")).read_text())["input_paths"]))
     manifest_path = folder / (unet_graph + ".json")
     package = manifest_path.parent / json.loads(manifest_path.read_text())["package"]["file"]
     data = package.read_bytes()
