@@ -394,10 +394,10 @@ def test_restart_speedup_finds_stored_graphs(server):
 def test_corrupt_files_in_graphs_folder(server):
     """A corrupt manifest or package: the workflow finishes and the message says why."""
     folder = graphs_folder(server)
+    set_entries = saved_set(server)  # first: run alone, nothing has made the graphs folder yet
     broken = folder / "broken"
     broken.mkdir(exist_ok=True)
     (broken / "garbage.json").write_text("{ this is not json")
-    set_entries = saved_set(server)
     # The plain txt2img graph (the set may also hold the ControlNet input structure's, in any order).
     unet_graph = next(name for name in set_entries if name.startswith("UNetModel-") and not any(
         path.startswith("control") for path in json.loads((folder / (name + ".json")).read_text())["input_paths"]))
