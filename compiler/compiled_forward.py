@@ -155,10 +155,12 @@ class CompiledForward:
             if graph is not None:
                 return graph, None
             graph, reason = self._load(family, call)
-            settle = True
             if graph is None:
-                graph, reason, settle = self._compile_for(family, call, reason or why, progress)
-        if graph is None and settle:
+                try:
+                    graph, reason = self._compile_for(family, call, reason or why, progress)
+                except CompileDeferred as deferred:  # not settled: a later call may find room for it
+                    return None, f"not compiled now: {deferred}"
+        if graph is None:
             self._settled[settled_key] = (self.registry.generation, reason)
         return graph, reason
 
@@ -186,39 +188,38 @@ class CompiledForward:
                              seconds=time.perf_counter() - started, graph_id=graph.key.id)
         return graph, None
 
-    def _compile_for(self, family, call, why, progress) -> Tuple[Optional[CompiledGraph], Optional[str], bool]:
-        """(graph, None, _), or (None, why not, whether that answer holds until the registry changes)."""
+    def _compile_for(self, family, call, why, progress) -> Tuple[Optional[CompiledGraph], Optional[str]]:
+        """(graph, None) or (None, why not); a backend's CompileDeferred passes through."""
         options = self.options
         if not options.compile_on_miss:
-            return None, (why or "no stored graph serves this input") + "; compiling is off", True
+            return None, (why or "no stored graph serves this input") + "; compiling is off"
         bounds = leaf_bounds(call.shapes, [t.dims for t in call.signature.tensors], options.shape_range)
         outside = range_failure(call.shapes, bounds, call.tensor_paths)
         if outside:
-            return None, f"{outside} (declared range: {options.shape_range.describe()})", True
+            return None, f"{outside} (declared range: {options.shape_range.describe()})"
         try:
             backend = get_backend(options.backend)
         except BackendUnavailable as error:
-            return None, str(error), True
+            return None, str(error)
         if family.id in self._compile_failed:
-            return None, self._compile_failed[family.id] + " (not retried)", True
+            return None, self._compile_failed[family.id] + " (not retried)"
         existing = self.registry.family_graphs(family)
         if len(existing) >= self._graph_limit(backend, family):
             return None, (f"{len(existing)} graphs already built for this input structure and none serves "
-                          f"it ({why}); not compiling more"), True
+                          f"it ({why}); not compiling more")
         if existing:
             reason = f"no graph serves this input ({why})"
         elif why:
             reason = why
         else:
             reason = "first call for this model, dtype and input structure"
-        graph, error, retry = self._compile(backend, family, call, reason, progress)
+        graph, error = self._compile(backend, family, call, reason, progress)
         if graph is None:
-            if not retry:
-                self._compile_failed[family.id] = error
-            return None, error, not retry
+            self._compile_failed[family.id] = error
+            return None, error
         if options.cover_range and not backend.static_shapes:
             self._cover(backend, family, call, progress)
-        return graph, None, True
+        return graph, None
 
     def _graph_limit(self, backend, family: FamilyKey) -> int:
         """Graphs one family may hold: the backend's bound, or as many shapes as warmups declared.
@@ -229,9 +230,8 @@ class CompiledForward:
         """
         return max(backend.max_graphs_per_family, len(self._declared.get(family.id, ())))
 
-    def _compile(self, backend, family, call, reason,
-                 progress) -> Tuple[Optional[CompiledGraph], Optional[str], bool]:
-        """(graph, None, False), or (None, why, whether a later call may try again)."""
+    def _compile(self, backend, family, call, reason, progress) -> Tuple[Optional[CompiledGraph], Optional[str]]:
+        """(graph, None) or (None, why it failed); CompileDeferred (try again later) is raised."""
         key = GraphKey(family, self.options.shape_range)
         label = self.label
 
@@ -246,10 +246,10 @@ class CompiledForward:
             graph = backend.compile(self.module, self.forward_fn, call, key, report)
         except CompileDeferred as error:
             log.warning("%s: not compiled now: %s", label, error)
-            return None, f"not compiled now: {error}", True
+            raise
         except (CompileFailed, BackendUnavailable) as error:
             log.warning("%s: compile failed: %s", label, error)
-            return None, f"compile failed: {error}", False
+            return None, f"compile failed: {error}"
         seconds = time.perf_counter() - started
         self.registry.add(graph)
         self.registry.record(COMPILE, family, f"{label}: {reason}", seconds=seconds, graph_id=graph.key.id,
@@ -257,7 +257,7 @@ class CompiledForward:
         report("compiled", 1.0)
         if self.options.autosave and self.options.store is not None and graph.persistent:
             self.save_graph(graph, call)
-        return graph, None, False
+        return graph, None
 
     def _cover(self, backend, family, call, progress) -> None:
         """Compile now for the range corners no graph serves, not in a later run.
@@ -279,7 +279,10 @@ class CompiledForward:
             if len(self.registry.family_graphs(family)) >= self._graph_limit(backend, family):
                 return
             reason = f"range corner batch {batch}, latent {height}x{width} is not served ({why})"
-            self._compile(backend, family, probe, reason, progress)
+            try:
+                self._compile(backend, family, probe, reason, progress)
+            except CompileDeferred:  # no room now: the corner compiles when first used
+                return
 
     def _guard_failure(self, family: FamilyKey, call: FlatCall) -> Optional[str]:
         """None if a graph of the family serves the call, else why the first one does not."""

@@ -46,12 +46,6 @@ _OPS_MODULE = "comfy.ops"
 SHARED = ("comfy.cli_args", "comfy.options")
 
 
-def _oneflow_dtype(dtype: torch.dtype):
-    import oneflow
-
-    return getattr(oneflow, str(dtype).split(".")[-1])
-
-
 def model_management_stand_in(real: types.ModuleType) -> types.ModuleType:
     """What the OneFlow copy of comfy.ldm reads from comfy.model_management, and no more.
 
@@ -75,7 +69,7 @@ def model_management_stand_in(real: types.ModuleType) -> types.ModuleType:
 
     def force_upcast_attention_dtype():
         upcast = real.force_upcast_attention_dtype() if real is not None else None
-        return None if upcast is None else {_oneflow_dtype(k): _oneflow_dtype(v) for k, v in upcast.items()}
+        return None if upcast is None else {clone.flow_dtype(k): clone.flow_dtype(v) for k, v in upcast.items()}
 
     stand_in.force_upcast_attention_dtype = force_upcast_attention_dtype
     if real is not None:

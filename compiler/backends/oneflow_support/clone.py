@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from .isolation import find_in_copy
+from .isolation import find_in_copy, in_package
 
 
 class CloneRefused(Exception):
@@ -83,9 +83,19 @@ def _layer_type(cls: type) -> Optional[type]:
     return None
 
 
+def flow_dtype(dtype: torch.dtype):
+    """OneFlow's dtype of the same name; CloneRefused where OneFlow 0.9.0 has none."""
+    import oneflow
+
+    name = str(dtype).split(".")[-1]
+    if not hasattr(oneflow, name):
+        raise CloneRefused(f"{dtype} is not in OneFlow 0.9.0")
+    return getattr(oneflow, name)
+
+
 def _counterpart(cls: type, root: str) -> type:
     module_name = cls.__module__ or ""
-    if module_name == root or module_name.startswith(root + "."):
+    if in_package(module_name, root):
         try:
             return find_in_copy(module_name, cls.__qualname__)
         except (LookupError, AttributeError, ImportError) as error:
@@ -105,10 +115,10 @@ def _value(value: Any, root: str, where: str) -> Any:
     import oneflow
 
     if isinstance(value, torch.dtype):
-        name = str(value).split(".")[-1]
-        if not hasattr(oneflow, name):
-            raise CloneRefused(f"{where} is {value}, which OneFlow 0.9.0 does not have")
-        return getattr(oneflow, name)
+        try:
+            return flow_dtype(value)
+        except CloneRefused as error:
+            raise CloneRefused(f"{where}: {error}") from None
     if isinstance(value, torch.device):
         return oneflow.device(value.type, value.index or 0)
     if isinstance(value, torch.Tensor):
@@ -121,7 +131,7 @@ def _value(value: Any, root: str, where: str) -> Any:
         return {key: _value(item, root, f"{where}[{key!r}]") for key, item in value.items()}
     if isinstance(value, types.FunctionType):
         module_name = value.__module__ or ""
-        if module_name == root or module_name.startswith(root + "."):
+        if in_package(module_name, root):
             try:
                 return find_in_copy(module_name, value.__qualname__)
             except (LookupError, AttributeError, ImportError) as error:
@@ -183,10 +193,10 @@ def _placeholder_tensors(module: torch.nn.Module, flow_module) -> None:
 
     for name, tensor in module._parameters.items():
         flow_module._parameters[name] = None if tensor is None else oneflow.nn.Parameter(
-            oneflow.empty(tuple(tensor.shape), dtype=_value(tensor.dtype, "", name)), requires_grad=False)
+            oneflow.empty(tuple(tensor.shape), dtype=flow_dtype(tensor.dtype)), requires_grad=False)
     for name, tensor in module._buffers.items():
         flow_module._buffers[name] = None if tensor is None else oneflow.empty(
-            tuple(tensor.shape), dtype=_value(tensor.dtype, "", name))
+            tuple(tensor.shape), dtype=flow_dtype(tensor.dtype))
         if name in module._non_persistent_buffers_set:
             flow_module._non_persistent_buffers_set.add(name)
 

@@ -23,7 +23,7 @@ import importlib
 import sys
 import threading
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from . import shims
@@ -51,8 +51,9 @@ class FlowPackage:
     """A package that is imported a second time, under `mock_torch`, to build OneFlow modules.
 
     root:      the top-level package name ("diffusers", "comfy").
-    path:      a folder holding another version of the package, put first on
-               sys.path while active; None: the real package's own files.
+    path:      the folder of another version of the package, put first on
+               sys.path while active; "" for the real package's own files;
+               None when the copy is not available here.
     shared:    submodules both copies use, not imported twice (pure-Python
                state such as ComfyUI's parsed command line).
     stand_ins: given the real package's modules, modules the copy imports in
@@ -64,14 +65,19 @@ class FlowPackage:
     """
 
     root: str
-    path: Callable[[], Optional[str]] = lambda: None
+    path: Callable[[], Optional[str]] = lambda: ""
     shared: Tuple[str, ...] = ()
     stand_ins: Callable[[Dict[str, types.ModuleType]], Dict[str, types.ModuleType]] = lambda real: {}
     blocked: Tuple[str, ...] = ()
-    preload: Tuple[str, ...] = field(default=())
+    preload: Tuple[str, ...] = ()
 
     def owns(self, name: str) -> bool:
-        return name == self.root or name.startswith(self.root + ".")
+        return in_package(name, self.root)
+
+
+def in_package(name: str, root: str) -> bool:
+    """`name` is the module `root` or one of its submodules."""
+    return name == root or name.startswith(root + ".")
 
 
 _PACKAGES: Dict[str, FlowPackage] = {
@@ -93,16 +99,6 @@ def register_package(package: FlowPackage) -> None:
             for name in [n for n in _FLOW_MODULES if package.owns(n)]:
                 del _FLOW_MODULES[name]  # a copy imported under the old description
         _PACKAGES[package.root] = package
-
-
-def _usable(package: FlowPackage) -> Optional[str]:
-    """The folder to import the copy from ("" for the real files), or None if it cannot be imported."""
-    path = package.path()
-    if path is not None:
-        return path
-    if package.root == "diffusers":
-        return None  # diffusers needs its own older copy
-    return ""
 
 
 def _bound_to_oneflow(module: types.ModuleType) -> bool:
@@ -141,7 +137,7 @@ def active() -> Iterator[Dict[str, types.ModuleType]]:
     _MISSING = object()
     with _LOCK:
         shims.install()
-        packages = [(p, where) for p, where in ((p, _usable(p)) for p in _PACKAGES.values()) if where is not None]
+        packages = [(p, where) for p, where in ((p, p.path()) for p in _PACKAGES.values()) if where is not None]
         _preload([p for p, _ in packages])
         before = set(sys.modules)
         saved = {name: sys.modules.pop(name) for name in list(sys.modules)

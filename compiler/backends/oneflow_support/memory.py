@@ -21,22 +21,12 @@ import torch
 SAFETY = 1.25
 
 
-def _meminfo(field: str) -> Optional[int]:
+def _proc_kib(path: str, field: str) -> Optional[int]:
+    """A "Field: N kB" line of a /proc file, in bytes; None where there is none (not Linux)."""
     try:
-        with open("/proc/meminfo") as info:
-            for line in info:
+        with open(path) as lines:
+            for line in lines:
                 if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _rss() -> Optional[int]:
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -48,7 +38,7 @@ def available_bytes(device: torch.device) -> Optional[int]:
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
-    return _meminfo("MemAvailable")
+    return _proc_kib("/proc/meminfo", "MemAvailable")
 
 
 def used_bytes(device: torch.device) -> Optional[int]:
@@ -56,7 +46,7 @@ def used_bytes(device: torch.device) -> Optional[int]:
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return int(total - free)
-    return _rss()
+    return _proc_kib("/proc/self/status", "VmRSS")
 
 
 def estimate(measured: list, elements: int) -> Optional[int]:
