@@ -1,7 +1,12 @@
-"""Command line: the demo, and graph store upkeep (ls, verify, rm, trust).
+"""Command line: the demo, the benchmark, and graph store upkeep (ls, verify, rm, trust, export, import).
 
 The same functions the ComfyUI nodes and the diffusers API use; nothing here
 has logic of its own beyond printing.
+
+Exit status of the `graphs` commands: 0 done (verify: every graph verifies);
+1 verify found problems, or a graph was refused; 2 the folder given is not a
+graphs folder (the message names the folder to give), or a name or file is
+wrong.
 """
 
 from __future__ import annotations
@@ -12,13 +17,22 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from .library import NotAGraphsFolder, graphs_folder, stored_at, trust
 from .store import GraphRefused, GraphStore
 
 
+def _open_store(folder: str) -> Optional[GraphStore]:
+    """The graphs folder's store, or None after saying why it is not one (and which folder to give)."""
+    try:
+        return GraphStore(graphs_folder(folder))
+    except NotAGraphsFolder as error:
+        print(f"error: {error}", file=sys.stderr)
+        return None
+
+
 def _graphs_ls(args) -> int:
-    store = GraphStore(args.dir)
-    if not store.root.is_dir():
-        print(f"{store.root}: no such graphs folder", file=sys.stderr)
+    store = _open_store(args.dir)
+    if store is None:
         return 2
     rows = []
     for path, stored, problem in store.entries():
@@ -46,20 +60,20 @@ def _graphs_ls(args) -> int:
 
 
 def _graphs_verify(args) -> int:
-    store = GraphStore(args.dir)
-    if not store.root.is_dir():
-        print(f"{store.root}: no such graphs folder", file=sys.stderr)
+    store = _open_store(args.dir)
+    if store is None:
         return 2
     bad = store.verify()
     for path, problem in bad:
         print(f"BAD {path}: {problem}")
-    good = len(store.graphs()) - len({p for p, _ in bad if p.suffix == ".json"})
     print(f"{len(store.graphs())} graphs, {len(bad)} problems")
     return 1 if bad else 0
 
 
 def _graphs_rm(args) -> int:
-    store = GraphStore(args.dir)
+    store = _open_store(args.dir)
+    if store is None:
+        return 2
     try:
         removed = store.remove(args.name)
     except (GraphRefused, ValueError) as error:
@@ -71,33 +85,28 @@ def _graphs_rm(args) -> int:
 
 
 def _graphs_trust(args) -> int:
-    from .trust import TrustList
-    from .manifest import Manifest, ManifestError
-
-    path = Path(args.file)
     try:
-        manifest = Manifest.read(path if path.suffix == ".json" else path.with_suffix(".json"))
-    except (ManifestError, OSError) as error:
+        where, stored = stored_at(args.file)
+    except GraphRefused as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    store = GraphStore(path.parent.parent)
-    from .store import StoredGraph
-
-    stored = StoredGraph(manifest, path if path.suffix == ".json" else path.with_suffix(".json"))
-    problems = store.problems(stored)
-    if problems:
-        print(f"refused: {problems[0]}", file=sys.stderr)
+    try:
+        trust(where, stored, f"trusted by the user from {stored.package_path}")
+    except GraphRefused as problem:
+        print(f"refused: {problem}", file=sys.stderr)
         return 1
-    TrustList().add(manifest.package_sha256, f"trusted by the user from {stored.package_path}")
-    print(f"trusted {stored.package_path} (sha256 {manifest.package_sha256[:16]}...)")
+    print(f"trusted {stored.package_path} (sha256 {stored.manifest.package_sha256[:16]}...)")
     return 0
 
 
 def _graphs_export(args) -> int:
     from .bundle import export_bundle
 
+    store = _open_store(args.dir)
+    if store is None:
+        return 2
     try:
-        path = export_bundle(GraphStore(args.dir), args.name, Path(args.to))
+        path = export_bundle(store, args.name, Path(args.to))
     except (GraphRefused, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

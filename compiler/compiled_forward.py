@@ -1,29 +1,36 @@
 """The call-time dispatcher that stands in for a module's forward.
 
-Each call: flatten it, build its family key, take a graph from the registry,
-else from the graph store, else compile one (once per family and region, with
-progress and a stated reason), and run it with the module's own weights.
-Anything a graph cannot serve -- an unsupported input, a shape outside the
-declared range, a refused or broken graph, a failed compile -- runs eagerly
-with the reason recorded, so the caller always gets a correct result.
+Each call: bind it to canonical inputs (the forward's own binder), build its
+family key (one place: `expected_family`), take a graph from the registry,
+else from the graph library, else compile one (once per family and region,
+with progress and a stated reason), and run it with the module's own weights.
+
+`serve()` is the one exception boundary: whatever goes wrong inside --
+binding, keys, guard checks, loading, export, AOTInductor, weight binding, a
+graph's run -- the call runs eagerly and the result says why (recorded in the
+event log once per change of reason). A bug in the pack can cost speed, never
+an image. Only the eager function's own exceptions reach the caller.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
 from .backends import DEFAULT_BACKEND, BackendUnavailable, CompiledGraph, CompileFailed, get_backend
 from .backends.base import CompileDeferred, GraphMismatch, GuardsUnknown, Progress, range_failure
+from .binding import BoundCall, CallBinder, CallDoesNotBind
 from .environment import device_kind, dtype_name, torch_version
 from .flat_module import ForwardFn
 from .keys import FamilyKey, GraphKey
+from .library import GraphLibrary
 from .probes import corner_targets, reshape_call
-from .registry import COMPILE, FALLBACK, LOAD, PROGRESS, REFUSED, GraphRegistry, default_registry
+from .registry import COMPILE, FALLBACK, PROGRESS, GraphRegistry, default_registry
 from .shapes import DEFAULT_RANGE, ShapeRange, leaf_bounds
 from .signature import FlatCall, RolePolicy, UnsupportedCall
 from .store import GraphRefused, GraphStore, StoreError
@@ -41,11 +48,51 @@ class CompileOptions:
     autosave: bool = False
     cover_range: bool = True
     role_policy: Optional[RolePolicy] = None
-    normalise: Optional[Callable[[tuple, dict], Tuple[tuple, dict]]] = None
     label: str = ""
+    # What the calls are counted as in the event log ("unet", "vae", ...); empty: not counted.
+    counter: str = ""
+    # The device calls run on when it is not the module's current one (ComfyUI offloads models between runs).
+    device: Optional[str] = None
 
     def with_(self, **changes) -> "CompileOptions":
         return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Served:
+    """How one call was served: by which graph, or eagerly and why."""
+
+    output: Any
+    graph_id: Optional[str] = None
+    origin: Optional[str] = None  # "compiled" or "loaded" when a graph served the call
+    reason: Optional[str] = None  # why it ran eagerly
+
+    @property
+    def eager(self) -> bool:
+        return self.graph_id is None
+
+    def describe(self) -> str:
+        return f"eager: {self.reason}" if self.eager else f"{self.origin} graph"
+
+
+class _Failure(Exception):
+    """An unexpected exception inside the pack, with the stage it happened in."""
+
+    def __init__(self, stage: str, error: BaseException):
+        super().__init__(f"{stage} failed unexpectedly: {type(error).__name__}: {error}")
+        self.stage = stage
+        self.error = error
+
+
+@contextlib.contextmanager
+def _stage(name: str) -> Iterator[None]:
+    """Name the stage an unexpected exception came from (the boundary reports it)."""
+    try:
+        yield
+    except (_Failure, CompileDeferred, GraphMismatch, GuardsUnknown, UnsupportedCall, CallDoesNotBind):
+        raise
+    except Exception as error:
+        raise _Failure(name, error) from error
 
 
 class CompiledForward:
@@ -59,88 +106,143 @@ class CompiledForward:
         options: Optional[CompileOptions] = None,
         registry: Optional[GraphRegistry] = None,
         forward_fn: Optional[ForwardFn] = None,
+        binder: Optional[CallBinder] = None,
     ):
         self.module = module
         self.options = options or CompileOptions()
         self.registry = registry or default_registry()
         self.forward_fn: ForwardFn = forward_fn or type(module).forward
+        # The binder is the forward's, made once: no later option can change how calls are keyed.
+        self.binder = binder or CallBinder(self.forward_fn)
         self.label = self.options.label or architecture_name(module)
         self._structure: Optional[Tuple[tuple, str]] = None
         self._settled: Dict[tuple, Tuple[int, str]] = {}
         self._compile_failed: Dict[str, str] = {}  # family id -> why; not retried in this process
         self._declared: Dict[str, set] = {}  # family id -> input shapes a warmup asked graphs for
-        self.last_status: str = "not run yet"
+        self._reported: Optional[str] = None  # the last fallback reason recorded
+        self.last: Optional[Served] = None
         self.eager_calls = 0
         self.graph_calls = 0
 
-    # -- keys ---------------------------------------------------------------
+    @property
+    def library(self) -> GraphLibrary:
+        return GraphLibrary(self.options.store, self.registry)
+
+    @property
+    def last_status(self) -> str:
+        """The last call's outcome in words (for logs and messages; `last` is the typed result)."""
+        return self.last.describe() if self.last is not None else "not run yet"
+
+    # -- keys: the one path from a call to a key ------------------------------
     def structure(self) -> str:
         shapes = tuple((name, tuple(p.shape)) for name, p in self.module.named_parameters())
         if self._structure is None or self._structure[0] != shapes:
             self._structure = (shapes, structure_hash(self.module))
         return self._structure[1]
 
-    def family_for(self, call: FlatCall, backend: Optional[str] = None) -> FamilyKey:
+    def expected_family(self, signature: str, dtype: Optional[torch.dtype] = None) -> FamilyKey:
+        """The family a graph needs to serve calls of `signature` to this module (in `dtype`, default its own)."""
+        device = self.options.device or module_device(self.module)
         return FamilyKey(
             architecture=architecture_name(self.module),
             structure=self.structure(),
-            signature=call.signature.id,
-            dtype=dtype_name(module_dtype(self.module)),
-            device=device_kind(module_device(self.module)),
-            backend=backend or self.options.backend,
+            signature=signature,
+            dtype=dtype_name(dtype or module_dtype(self.module)),
+            device=device_kind(device),
+            backend=self.options.backend,
             torch_version=torch_version(),
         )
 
+    def family_for(self, call: FlatCall) -> FamilyKey:
+        return self.expected_family(call.signature.id)
+
+    def bind(self, args: tuple, kwargs: dict) -> BoundCall:
+        return self.binder.bind(args, kwargs)
+
     def flatten(self, args: tuple, kwargs: dict) -> FlatCall:
-        if self.options.normalise is not None:
-            args, kwargs = self.options.normalise(args, kwargs)
-        return FlatCall(args, kwargs, self.options.role_policy)
+        """The call, bound and flattened: what keys and graphs see."""
+        bound = self.binder.bind(args, kwargs)
+        return FlatCall(*bound.args, self.options.role_policy)
 
     # -- calling ------------------------------------------------------------
     def eager(self, *args, **kwargs) -> Any:
         return self.forward_fn(self.module, *args, **kwargs)
 
     def __call__(self, *args, **kwargs) -> Any:
-        try:
-            call = self.flatten(args, kwargs)
-        except UnsupportedCall as error:
-            return self._fallback(None, str(error), args, kwargs)
-        family = self.family_for(call)
-        served, output, why = self._run_existing(family, call)
-        if not served:
-            graph, why = self.obtain(family, call, why)
-            if graph is not None:
-                served, output, why = self._run_existing(family, call)
-        if not served:
-            return self._fallback(family, why or "no graph", args, kwargs)
-        self.graph_calls += 1
-        return output
+        return self.serve(args, kwargs).output
 
-    def _run_existing(self, family: FamilyKey, call: FlatCall) -> Tuple[bool, Any, Optional[str]]:
-        """Run the call on the first graph of the family that serves it: (served, output, why not)."""
+    def serve(self, args: tuple, kwargs: dict, eager: Optional[Callable[[], Any]] = None,
+              eager_reason: Optional[str] = None) -> Served:
+        """Serve one call from a graph, or run `eager()` (default: the module's forward) and say why.
+
+        `eager_reason`: the caller already knows the call must run eagerly
+        (a partly loaded model, an option a graph cannot take).
+        """
+        run_eager = eager or (lambda: self.forward_fn(self.module, *args, **kwargs))
+        family: Optional[FamilyKey] = None
+        if eager_reason is not None:
+            return self._eager(None, eager_reason, run_eager)
+        try:
+            with _stage("binding the call"):
+                bound = self.binder.bind(args, kwargs)
+                side_reason = self.binder.eager_reason(bound)
+                call = FlatCall(*bound.args, self.options.role_policy) if side_reason is None else None
+            if call is None:
+                return self._eager(None, side_reason, run_eager)
+            with _stage("building the graph key"):
+                family = self.family_for(call)
+            served, why = self._run_existing(family, call)
+            if served is None:
+                graph, why = self.obtain(family, call, why)
+                if graph is not None:
+                    served, why = self._run_existing(family, call)
+        except UnsupportedCall as error:
+            return self._eager(family, str(error), run_eager)
+        except CallDoesNotBind as error:
+            return self._eager(family, f"the call does not fit {self.label}'s forward ({error})", run_eager)
+        except Exception as error:  # noqa: BLE001 - the boundary: never an exception of ours out of a call
+            failure = error if isinstance(error, _Failure) else _Failure("serving the call", error)
+            log.warning("%s: %s", self.label, failure, exc_info=failure.error)
+            return self._eager(family, str(failure), run_eager)
+        if served is None:
+            return self._eager(family, why or "no graph", run_eager)
+        self.graph_calls += 1
+        self._count("graph")
+        self._reported = None
+        self.last = served
+        return served
+
+    def _run_existing(self, family: FamilyKey, call: FlatCall) -> Tuple[Optional[Served], Optional[str]]:
+        """Run the call on the first graph of the family that serves it: (served, why not)."""
         why = None
         for _ in range(len(self.registry.family_graphs(family)) + 1):
-            graph, reason = self.registry.find(family, call)
+            with _stage("checking the graphs' shape guards"):
+                graph, reason = self.registry.find(family, call)
             if graph is None:
-                return False, None, why or reason
+                return None, why or reason
             try:
-                output = graph.run(self.module, call)
+                with _stage(f"running graph {graph.key.id}"):
+                    output = graph.run(self.module, call)
             except GraphMismatch as mismatch:  # the graph now knows; try the next one
                 why = str(mismatch)
                 continue
-            except Exception as error:  # a graph that breaks at run time must not break the run
-                return False, None, f"graph {graph.key.id} failed at run time: {error}"
-            self.last_status = f"{graph.origin} graph"
-            return True, output, None
-        return False, None, why
+            return Served(output, graph.key.id, graph.origin), None
+        return None, why
 
-    def _fallback(self, family: Optional[FamilyKey], reason: str, args, kwargs) -> Any:
+    def _eager(self, family: Optional[FamilyKey], reason: str, run_eager: Callable[[], Any]) -> Served:
         self.eager_calls += 1
-        if self.last_status != "eager: " + reason:
+        self._count("eager")
+        if self._reported != reason:
+            self._reported = reason
             self.registry.record(FALLBACK, family or "-", f"{self.label}: {reason}; running eager")
             log.info("%s runs eager: %s", self.label, reason)
-        self.last_status = "eager: " + reason
-        return self.eager(*args, **kwargs)
+        served = Served(run_eager(), reason=reason)
+        self.last = served
+        return served
+
+    def _count(self, outcome: str) -> None:
+        if self.options.counter:
+            self.registry.log.count(f"{self.options.counter}.{outcome}")
 
     # -- getting a graph ------------------------------------------------------
     def obtain(self, family: FamilyKey, call: FlatCall, why: Optional[str] = None,
@@ -151,10 +253,12 @@ class CompiledForward:
         if settled and settled[0] == self.registry.generation:
             return None, settled[1]
         with self.registry.family_lock(family):
-            graph, why = self.registry.find(family, call)
+            with _stage("checking the graphs' shape guards"):
+                graph, why = self.registry.find(family, call)
             if graph is not None:
                 return graph, None
-            graph, reason = self._load(family, call)
+            with _stage("loading a stored graph"):
+                graph, reason = self._load(family, call)
             if graph is None:
                 try:
                     graph, reason = self._compile_for(family, call, reason or why, progress)
@@ -165,28 +269,14 @@ class CompiledForward:
         return graph, reason
 
     def _load(self, family: FamilyKey, call: FlatCall) -> Tuple[Optional[CompiledGraph], Optional[str]]:
-        store = self.options.store
-        if store is None:
-            return None, None
-        try:
-            stored, notes = store.lookup(family, call)
-        except OSError as error:
-            return None, f"graphs folder {store.root} cannot be read: {error}"
-        for note in notes:
-            self.registry.record(REFUSED, family, note)
+        library = self.library
+        stored, why = library.lookup(family, call)
         if stored is None:
-            return None, notes[0] if notes else None
-        started = time.perf_counter()
+            return None, why
         try:
-            graph = store.load(stored, family)
+            return library.load(stored, family, self.label), None
         except GraphRefused as error:
-            self.registry.record(REFUSED, family, str(error), graph_id=stored.manifest.graph_id)
-            log.warning("%s", error)
             return None, str(error)
-        self.registry.add(graph)
-        self.registry.record(LOAD, family, f"{self.label}: loaded {stored.name} from {store.root}",
-                             seconds=time.perf_counter() - started, graph_id=graph.key.id)
-        return graph, None
 
     def _compile_for(self, family, call, why, progress) -> Tuple[Optional[CompiledGraph], Optional[str]]:
         """(graph, None) or (None, why not); a backend's CompileDeferred passes through."""
@@ -231,7 +321,11 @@ class CompiledForward:
         return max(backend.max_graphs_per_family, len(self._declared.get(family.id, ())))
 
     def _compile(self, backend, family, call, reason, progress) -> Tuple[Optional[CompiledGraph], Optional[str]]:
-        """(graph, None) or (None, why it failed); CompileDeferred (try again later) is raised."""
+        """(graph, None) or (None, why it failed); CompileDeferred (try again later) is raised.
+
+        Any exception out of the backend is a failed compile, with its type and
+        message as the reason: a bug in export or AOTInductor costs speed only.
+        """
         key = GraphKey(family, self.options.shape_range)
         label = self.label
 
@@ -250,6 +344,9 @@ class CompiledForward:
         except (CompileFailed, BackendUnavailable) as error:
             log.warning("%s: compile failed: %s", label, error)
             return None, f"compile failed: {error}"
+        except Exception as error:  # noqa: BLE001 - the boundary: anything the compiler raises
+            log.warning("%s: compile failed unexpectedly", label, exc_info=True)
+            return None, f"compile failed: {type(error).__name__}: {error}"
         seconds = time.perf_counter() - started
         self.registry.add(graph)
         self.registry.record(COMPILE, family, f"{label}: {reason}", seconds=seconds, graph_id=graph.key.id,
@@ -270,9 +367,13 @@ class CompiledForward:
             if probe is None:
                 continue
             try:
-                why = self._guard_failure(family, probe)
+                with _stage("checking the range corners' guards"):
+                    why = self._guard_failure(family, probe)
             except GuardsUnknown as unknown:
                 log.info("%s: range corners are compiled when first used: %s", self.label, unknown)
+                return
+            except _Failure as failure:  # the corners then compile when first used
+                log.warning("%s: %s", self.label, failure)
                 return
             if why is None:
                 continue
@@ -296,31 +397,51 @@ class CompiledForward:
 
     def save_graph(self, graph: CompiledGraph, call: Optional[FlatCall] = None) -> Optional[str]:
         """Write a graph into the store; returns the error message if it could not be."""
-        store = self.options.store
-        if store is None:
-            return "no graphs folder was given"
         signature = call.signature.to_json() if call is not None else {}
         try:
-            store.save(graph, signature)
+            self.library.save(graph, signature, self.label)
         except StoreError as error:
-            self.registry.record(REFUSED, graph.key.family, f"{self.label}: {error}")
-            log.warning("%s", error)
             return str(error)
         return None
 
     # -- ahead of time --------------------------------------------------------
-    def warmup(self, calls: Iterable[Tuple[tuple, dict]], progress: Optional[Progress] = None) -> List[str]:
-        """Make sure a graph serves each example call; returns what happened for each."""
+    def warmup(self, calls: Iterable[Tuple[tuple, dict]], progress: Optional[Progress] = None) -> List[Served]:
+        """Make sure a graph serves each example call; one result per call (output None).
+
+        Never raises for a graph that cannot be had: the result says why.
+        """
         results = []
-        calls = [self.flatten(args, kwargs) for args, kwargs in calls]
-        for call in calls:
-            self._declared.setdefault(self.family_for(call).id, set()).add(tuple(map(tuple, call.shapes)))
-        for call in calls:
-            family = self.family_for(call)
-            graph, why = self.registry.find(family, call)
-            if graph is None:
-                graph, why = self.obtain(family, call, why, progress)
-            if graph is not None and not getattr(graph, "ready", True):
-                graph.run(self.module, call)  # backends that build on first run (torch.compile)
-            results.append("ready" if graph is not None else f"eager: {why}")
+        flat: List[Tuple[Optional[FlatCall], Optional[str]]] = []
+        for args, kwargs in calls:
+            try:
+                with _stage("binding the call"):
+                    flat.append((self.flatten(args, kwargs), None))
+            except (UnsupportedCall, CallDoesNotBind, _Failure) as error:
+                flat.append((None, str(error)))
+        for call, _ in flat:
+            if call is not None:
+                self._declared.setdefault(self.family_for(call).id, set()).add(tuple(map(tuple, call.shapes)))
+        for call, problem in flat:
+            if call is None:
+                results.append(Served(None, reason=problem))
+                continue
+            try:
+                results.append(self._ready(call, progress))
+            except Exception as error:  # noqa: BLE001 - the boundary, as in serve()
+                failure = error if isinstance(error, _Failure) else _Failure("warming up", error)
+                log.warning("%s: %s", self.label, failure, exc_info=failure.error)
+                results.append(Served(None, reason=str(failure)))
         return results
+
+    def _ready(self, call: FlatCall, progress: Optional[Progress]) -> Served:
+        family = self.family_for(call)
+        with _stage("checking the graphs' shape guards"):
+            graph, why = self.registry.find(family, call)
+        if graph is None:
+            graph, why = self.obtain(family, call, why, progress)
+        if graph is None:
+            return Served(None, reason=why or "no graph")
+        if not getattr(graph, "ready", True):
+            with _stage(f"running graph {graph.key.id}"):
+                graph.run(self.module, call)  # backends that build on first run (torch.compile)
+        return Served(None, graph.key.id, graph.origin)

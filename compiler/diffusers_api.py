@@ -20,10 +20,10 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 
 from .backends import DEFAULT_BACKEND, get_backend
-from .calls import canonical_binder
 from .compiled_forward import CompiledForward, CompileOptions
-from .environment import device_kind, torch_version
-from .registry import LOAD, REFUSED, GraphRegistry, default_registry
+from .environment import dtype_from_name, dtype_name
+from .library import GraphLibrary
+from .registry import GraphRegistry, default_registry
 from .shapes import DEFAULT_RANGE, ShapeRange
 from .store import GraphRefused, GraphStore, StoreError
 from .structure import module_device, module_dtype
@@ -60,15 +60,16 @@ def compiled_parts(pipe) -> Dict[str, CompiledForward]:
 
 def compile_module(module: torch.nn.Module, options: Optional[CompileOptions] = None,
                    registry: Optional[GraphRegistry] = None) -> CompiledForward:
-    """Route `module`'s calls through a CompiledForward (undo with `uncompile_module`)."""
+    """Route `module`'s calls through a CompiledForward (undo with `uncompile_module`).
+
+    Called again on a compiled module (load_pipe after compile_pipe), it
+    changes the options only: the binder, and so every key, stays the same.
+    """
     existing = module.__dict__.get("forward")
     if isinstance(existing, CompiledForward):
         existing.options = options or existing.options
         return existing
-    options = options or CompileOptions()
-    if options.normalise is None:
-        options = options.with_(normalise=canonical_binder(type(module).forward))
-    compiled = CompiledForward(module, options, registry)
+    compiled = CompiledForward(module, options or CompileOptions(), registry)
     module.forward = compiled
     return compiled
 
@@ -189,8 +190,10 @@ def _save_target(pipe, target, compiled: CompiledForward, store: GraphStore, dty
         calls = example_calls(pipe, target, compiled.options.shape_range)
         with torch.no_grad():
             results = compiled.warmup(calls)
-        if any(result != "ready" for result in results):
-            report.problems.append(f"{target}: " + "; ".join(results))
+        problems = [result.describe() for result in results if result.eager]
+        if problems:
+            report.problems.append(f"{target}: " + "; ".join(problems))
+        library = GraphLibrary(store, compiled.registry)
         saved = []
         for args, kwargs in calls:
             call = compiled.flatten(args, kwargs)
@@ -201,7 +204,7 @@ def _save_target(pipe, target, compiled: CompiledForward, store: GraphStore, dty
                     report.problems.append(f"{target}: {reason or 'its graphs cannot be saved'}")
                     continue
                 try:
-                    stored = store.save(graph, call.signature.to_json())
+                    stored = library.save(graph, call.signature.to_json(), target)
                 except StoreError as error:
                     report.problems.append(f"{target}: {error}")
                     continue
@@ -229,27 +232,26 @@ def load_pipe(
                                + ("graphs will be compiled" if compile_on_miss else "running eager"))
     compile_pipe(pipe, backend=DEFAULT_BACKEND, shape_range=shape_range, ignores=ignores,
                  graphs_dir=graphs_dir, compile_on_miss=compile_on_miss, registry=registry)
-    store = GraphStore(graphs_dir)
+    stored_graphs = GraphStore(graphs_dir).graphs() if folder.is_dir() else []
     for target, compiled in compiled_parts(pipe).items():
+        library = compiled.library
+        # A float16 VAE that upcasts at decode time runs its float32 graphs then.
+        dtypes = {dtype_name(module_dtype(compiled.module))}
+        if target.startswith("vae.") and _vae_upcasts(pipe):
+            dtypes.add("float32")
         structure = compiled.structure()
-        for stored in store.graphs() if folder.is_dir() else []:
+        for stored in stored_graphs:
             family = stored.manifest.key.family
             if family.structure != structure:
                 continue
-            if any(g.key.id == stored.manifest.graph_id for g in compiled.registry.graphs()):
+            if library.in_memory(stored.manifest.graph_id) is not None:
                 report.loaded.append(f"{target}: {stored.name} (already in memory)")
                 continue
-            here = replace(family, torch_version=torch_version(),
-                           device=device_kind(module_device(compiled.module)))
-            started = time.perf_counter()
+            dtype = dtype_from_name(family.dtype) if family.dtype in dtypes else None
             try:
-                graph = store.load(stored, here)
+                library.load(stored, compiled.expected_family(family.signature, dtype), target)
             except GraphRefused as error:
-                compiled.registry.record(REFUSED, family, f"{target}: {error}")
                 report.problems.append(f"{target}: {error}")
                 continue
-            compiled.registry.add(graph)
-            compiled.registry.record(LOAD, family, f"{target}: loaded {stored.name}", graph_id=graph.key.id,
-                                     seconds=time.perf_counter() - started)
             report.loaded.append(f"{target}: {stored.name}")
     return report

@@ -1,17 +1,22 @@
-"""The in-process graph registry, shared by every wrapper in the process.
+"""The process's graph cache and event log, and the registry that holds one of each.
 
-One compiled graph per key, reused by every module of the same architecture
-(weights are bound per call, not baked in). Bounded by count and bytes, least
-recently used first out. It also keeps the counters a user or a test reads to
-see what happened: compiles and loads (each with its reason and time), hits,
-and fallbacks to eager (each with its reason).
+- `GraphCache`: the graphs in memory, one per key, reused by every module of
+  the same structure (weights are bound per call, never baked in); bounded by
+  count and bytes, least recently used first out.
+- `EventLog`: what happened and why -- compiles and loads (with their times),
+  refusals, fallbacks to eager (with their reasons), evictions, progress --
+  plus counters of calls served by a graph or run eagerly. Anyone who wants
+  to show or count events (the ComfyUI nodes, the page, the stats route, a
+  test) subscribes to it or reads it; nobody keeps a copy.
+
+`GraphRegistry` is the pair, shared by every compiled forward of a process.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional
 
@@ -25,6 +30,7 @@ FALLBACK = "fallback"
 EVICT = "evict"
 REFUSED = "refused"
 PROGRESS = "progress"
+NOTE = "note"
 
 
 @dataclass
@@ -44,30 +50,28 @@ class Event:
 Listener = Callable[[Event], None]
 
 
-class GraphRegistry:
-    def __init__(self, max_graphs: int = 32, max_bytes: Optional[int] = None, history: int = 500):
-        self.max_graphs = max_graphs
-        self.max_bytes = max_bytes
-        self._graphs: "OrderedDict[str, CompiledGraph]" = OrderedDict()
-        self._families: Dict[str, List[str]] = defaultdict(list)
-        self._lock = threading.RLock()
-        self._family_locks: Dict[str, threading.Lock] = defaultdict(threading.Lock)
-        self._listeners: List[Listener] = []
+class EventLog:
+    """A bounded history of events, counts of every kind ever recorded, and listeners."""
+
+    def __init__(self, history: int = 500):
         self._history = history
-        self.generation = 0
-        self.reset_counters()
+        self._lock = threading.RLock()
+        self._listeners: List[Listener] = []
+        self.reset()
 
-    # -- counters -----------------------------------------------------------
-    def reset_counters(self) -> None:
+    def reset(self) -> None:
         with self._lock:
-            self.hits = 0
             self.events: List[Event] = []
+            self.counts: Counter = Counter()
 
-    def _record(self, event: Event) -> Event:
+    def record(self, kind: str, family: FamilyKey | str, reason: str, **fields) -> Event:
+        family_id = family.id if isinstance(family, FamilyKey) else family
+        event = Event(kind, family_id, reason, **fields)
         with self._lock:
-            if event.kind != PROGRESS:
+            if kind != PROGRESS:
                 self.events.append(event)
                 del self.events[: -self._history]
+                self.counts[kind] += 1
             listeners = list(self._listeners)
         for listener in listeners:
             try:
@@ -76,36 +80,45 @@ class GraphRegistry:
                 pass
         return event
 
-    def _of_kind(self, kind: str) -> List[Event]:
+    def count(self, name: str, amount: int = 1) -> None:
+        """Count something too frequent to log one event each (calls served, calls run eagerly)."""
+        with self._lock:
+            self.counts[name] += amount
+
+    def of_kind(self, kind: str) -> List[Event]:
         with self._lock:
             return [e for e in self.events if e.kind == kind]
 
-    @property
-    def compiles(self) -> List[Event]:
-        return self._of_kind(COMPILE)
-
-    @property
-    def loads(self) -> List[Event]:
-        return self._of_kind(LOAD)
-
-    @property
-    def fallbacks(self) -> List[Event]:
-        return self._of_kind(FALLBACK)
+    def since(self, mark: float) -> List[Event]:
+        with self._lock:
+            return [e for e in self.events if e.at >= mark]
 
     def add_listener(self, listener: Listener) -> None:
         with self._lock:
-            self._listeners.append(listener)
+            if listener not in self._listeners:
+                self._listeners.append(listener)
 
     def remove_listener(self, listener: Listener) -> None:
         with self._lock:
             if listener in self._listeners:
                 self._listeners.remove(listener)
 
-    def record(self, kind: str, family: FamilyKey | str, reason: str, **fields) -> Event:
-        family_id = family.id if isinstance(family, FamilyKey) else family
-        return self._record(Event(kind, family_id, reason, **fields))
 
-    # -- graphs -------------------------------------------------------------
+class GraphCache:
+    """Graphs in memory by key, grouped by family; evicts least recently used past its bounds."""
+
+    def __init__(self, max_graphs: int = 32, max_bytes: Optional[int] = None,
+                 on_evict: Optional[Callable[[CompiledGraph], None]] = None):
+        self.max_graphs = max_graphs
+        self.max_bytes = max_bytes
+        self._on_evict = on_evict
+        self._graphs: "OrderedDict[str, CompiledGraph]" = OrderedDict()
+        self._families: Dict[str, List[str]] = defaultdict(list)
+        self._lock = threading.RLock()
+        self._family_locks: Dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self.hits = 0
+        self.generation = 0  # bumped whenever the set of graphs changes
+
     def family_lock(self, family: FamilyKey) -> threading.Lock:
         """Held while compiling or loading, so one family is never built twice at once."""
         with self._lock:
@@ -113,11 +126,8 @@ class GraphRegistry:
 
     def find(self, family: FamilyKey, call: FlatCall) -> tuple[Optional[CompiledGraph], Optional[str]]:
         """A graph of the family that serves the call, or (None, why none does)."""
-        with self._lock:
-            ids = list(self._families.get(family.id, ()))
-            graphs = [self._graphs[i] for i in ids if i in self._graphs]
         why = None
-        for graph in graphs:
+        for graph in self.family_graphs(family):
             reason = graph.why_not(call)
             if reason is None:
                 with self._lock:
@@ -127,6 +137,10 @@ class GraphRegistry:
                 return graph, None
             why = why or reason
         return None, why
+
+    def get(self, graph_id: str) -> Optional[CompiledGraph]:
+        with self._lock:
+            return self._graphs.get(graph_id)
 
     def add(self, graph: CompiledGraph) -> None:
         evicted = []
@@ -145,7 +159,8 @@ class GraphRegistry:
                 evicted.append(old)
             self.generation += 1
         for old in evicted:
-            self.record(EVICT, old.key.family, "registry full (least recently used)", graph_id=old.key.id)
+            if self._on_evict is not None:
+                self._on_evict(old)
 
     def graphs(self) -> List[CompiledGraph]:
         with self._lock:
@@ -156,7 +171,8 @@ class GraphRegistry:
             return [self._graphs[i] for i in self._families.get(family.id, ()) if i in self._graphs]
 
     def total_bytes(self) -> int:
-        return sum(g.nbytes for g in self._graphs.values())
+        with self._lock:
+            return sum(g.nbytes for g in self._graphs.values())
 
     def clear(self) -> None:
         with self._lock:
@@ -164,21 +180,93 @@ class GraphRegistry:
             self._families.clear()
             self.generation += 1
 
+
+class GraphRegistry:
+    """One graph cache and one event log, shared by every compiled forward of a process."""
+
+    def __init__(self, max_graphs: int = 32, max_bytes: Optional[int] = None, history: int = 500):
+        self.log = EventLog(history)
+        self.cache = GraphCache(max_graphs, max_bytes, on_evict=self._evicted)
+
+    def _evicted(self, graph: CompiledGraph) -> None:
+        self.log.record(EVICT, graph.key.family, "registry full (least recently used)", graph_id=graph.key.id)
+
+    # -- the log ------------------------------------------------------------
+    def record(self, kind: str, family: FamilyKey | str, reason: str, **fields) -> Event:
+        return self.log.record(kind, family, reason, **fields)
+
+    def reset_counters(self) -> None:
+        self.log.reset()
+        self.cache.hits = 0
+
+    @property
+    def events(self) -> List[Event]:
+        return self.log.events
+
+    @property
+    def compiles(self) -> List[Event]:
+        return self.log.of_kind(COMPILE)
+
+    @property
+    def loads(self) -> List[Event]:
+        return self.log.of_kind(LOAD)
+
+    @property
+    def fallbacks(self) -> List[Event]:
+        return self.log.of_kind(FALLBACK)
+
+    def add_listener(self, listener: Listener) -> None:
+        self.log.add_listener(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        self.log.remove_listener(listener)
+
+    # -- the cache ----------------------------------------------------------
+    @property
+    def hits(self) -> int:
+        return self.cache.hits
+
+    @property
+    def generation(self) -> int:
+        return self.cache.generation
+
+    def family_lock(self, family: FamilyKey) -> threading.Lock:
+        return self.cache.family_lock(family)
+
+    def find(self, family: FamilyKey, call: FlatCall) -> tuple[Optional[CompiledGraph], Optional[str]]:
+        return self.cache.find(family, call)
+
+    def add(self, graph: CompiledGraph) -> None:
+        self.cache.add(graph)
+
+    def graphs(self) -> List[CompiledGraph]:
+        return self.cache.graphs()
+
+    def family_graphs(self, family: FamilyKey) -> List[CompiledGraph]:
+        return self.cache.family_graphs(family)
+
+    def total_bytes(self) -> int:
+        return self.cache.total_bytes()
+
+    def clear(self) -> None:
+        self.cache.clear()
+
     def stats(self) -> dict:
-        with self._lock:
-            return {
-                "graphs": [
-                    {"graph_id": g.key.id, "family": g.key.family.describe(), "origin": g.origin,
-                     "backend": g.key.family.backend, "bytes": g.nbytes,
-                     "shape_range": g.key.shape_range.to_json()}
-                    for g in self._graphs.values()
-                ],
-                "hits": self.hits,
-                "compiles": [e.to_json() for e in self.events if e.kind == COMPILE],
-                "loads": [e.to_json() for e in self.events if e.kind == LOAD],
-                "fallbacks": [e.to_json() for e in self.events if e.kind == FALLBACK],
-                "refused": [e.to_json() for e in self.events if e.kind == REFUSED],
-            }
+        events = list(self.log.events)
+        return {
+            "graphs": [
+                {"graph_id": g.key.id, "family": g.key.family.describe(), "origin": g.origin,
+                 "backend": g.key.family.backend, "bytes": g.nbytes,
+                 "shape_range": g.key.shape_range.to_json()}
+                for g in self.cache.graphs()
+            ],
+            "hits": self.cache.hits,
+            "counts": dict(self.log.counts),
+            "compiles": [e.to_json() for e in events if e.kind == COMPILE],
+            "loads": [e.to_json() for e in events if e.kind == LOAD],
+            "fallbacks": [e.to_json() for e in events if e.kind == FALLBACK],
+            "refused": [e.to_json() for e in events if e.kind == REFUSED],
+        }
 
 
 _DEFAULT = GraphRegistry()

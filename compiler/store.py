@@ -17,7 +17,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .atomic import TEMP_PREFIX, sha256_bytes, sha256_file, write_bytes
 from .backends import get_backend
@@ -295,6 +295,60 @@ class GraphStore:
                     if file not in referenced:
                         bad.append((file, "package without a manifest (left by an interrupted save?)"))
         return bad
+
+
+class MultiRootStore(GraphStore):
+    """A GraphStore that writes into its first folder and finds graphs in all of them.
+
+    ComfyUI knows several `graphs` folders (models/graphs and those from
+    extra_model_paths.yaml): graphs are found in any, written to the first.
+    """
+
+    def __init__(self, roots: Sequence[Path | str], trust: Optional[TrustList] = None):
+        if not roots:
+            raise ValueError("no graphs folder")
+        super().__init__(roots[0], trust)
+        self.others = [GraphStore(root, self.trust) for root in roots[1:]]
+
+    @property
+    def stores(self) -> List[GraphStore]:
+        """Every folder's store, the one written into first."""
+        return [self] + self.others
+
+    @property
+    def roots(self) -> List[Path]:
+        return [store.root for store in self.stores]
+
+    def lookup(self, family: FamilyKey, call: FlatCall) -> Tuple[Optional[StoredGraph], List[str]]:
+        found, notes = super().lookup(family, call)
+        for store in self.others:
+            if found is not None:
+                break
+            found, more = store.lookup(family, call)
+            notes += more
+        return found, notes
+
+    def store_for(self, path: Path) -> Tuple[GraphStore, str]:
+        """The store holding `path` and the graph's name in it."""
+        path = Path(path)
+        for store in self.stores:
+            root = store.root
+            try:
+                relative = path.relative_to(root)
+            except ValueError:
+                try:
+                    relative = path.resolve().relative_to(root.resolve())
+                except ValueError:
+                    continue
+            return store, relative.as_posix()
+        raise ValueError(f"{path} is not inside a graphs folder ({', '.join(map(str, self.roots))})")
+
+    def all_graphs(self) -> List[Tuple[GraphStore, Path, Optional[StoredGraph], Optional[str]]]:
+        out = []
+        for store in self.stores:
+            for path, stored, problem in store.entries():
+                out.append((store, path, stored, problem))
+        return out
 
 
 def _write_error_message(folder: Path, error: OSError) -> str:

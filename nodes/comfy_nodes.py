@@ -5,7 +5,7 @@ from __future__ import annotations
 from comfy_api.latest import ComfyExtension, io
 
 from ..compiler import DEFAULT_BACKEND, backend_names
-from ..compiler.comfy_adapter import parse_batch_sizes, parse_resolutions
+from .sizes import parse_batch_sizes, parse_resolutions
 from . import operations, runtime
 from .operations import Report
 from .unet import Settings

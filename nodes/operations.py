@@ -7,15 +7,14 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, List, Optional, Tuple
 
-from ..compiler import DEFAULT_BACKEND, GraphRefused, StoreError, get_backend
-from ..compiler.comfy_adapter import (
-    ComfyForward, GraphSetError, MultiRootStore, clamp, graph_set_entries, read_json,
-    set_file_name, write_graph_set,
-)
+from ..compiler import DEFAULT_BACKEND, CompiledForward, GraphRefused, StoreError, get_backend
+from ..compiler.library import GraphLibrary, trust as trust_graph
 from ..compiler.manifest import MANIFEST_SUFFIX
-from ..compiler.registry import LOAD, REFUSED
-from ..compiler.store import GraphStore
+from ..compiler.registry import REFUSED
+from ..compiler.store import GraphStore, MultiRootStore
 from . import runtime, unet, vae as vae_side
+from .graph_sets import GraphSetError, graph_set_entries, read_json, set_file_name, write_graph_set
+from .sizes import clamp
 from .unet import Settings
 
 AUTO = "(every stored graph that fits)"
@@ -59,7 +58,7 @@ def _backend_unavailable(node: str, what: str, settings: Settings, report: Repor
     if reason:
         report.add(f"the {settings.backend} backend is unavailable here ({reason}); the {what} passes through "
                    "unchanged")
-        runtime.note("fallback", f"{node}: {reason}; the {what} runs uncompiled")
+        runtime.note(f"{node}: {reason}; the {what} runs uncompiled")
     return reason is not None
 
 
@@ -94,7 +93,7 @@ def vae_speedup(vae, settings: Settings, report: Report):
     return faster, runner
 
 
-def _stored_summary(forward: ComfyForward) -> str:
+def _stored_summary(forward: CompiledForward) -> str:
     structure = forward.structure()
     try:
         entries = runtime.store().all_graphs()
@@ -154,7 +153,7 @@ def warm(model, vae, sizes: List[Tuple[int, int]], batches: List[int], report: R
         report.add(f"compiling is unavailable here ({unavailable}); nothing was compiled")
         return model, vae
     model_out, vae_out = model, vae
-    jobs: List[Tuple[str, ComfyForward, list]] = []
+    jobs: List[Tuple[str, CompiledForward, list]] = []
     if model is not None:
         model_out, runner = _ensure_model(model, sizes, batches)
         calls, why = runner.example_calls(model_out, sizes, batches)
@@ -181,11 +180,8 @@ def warm(model, vae, sizes: List[Tuple[int, int]], batches: List[int], report: R
         for shape, call in zip(shapes, calls):
             started = time.perf_counter()
             result = forward.warmup([call])[0]
-            if result == "ready":
-                flat = forward.flatten(*call)
-                graph, _ = runtime.registry().find(forward.family_for(flat), flat)
-                result = f"served by graph {graph.key.id} ({graph.origin})" if graph is not None else result
-            report.add(f"{what} {shape}: {result} ({time.perf_counter() - started:.1f} s)")
+            line = result.describe() if result.eager else f"served by graph {result.graph_id} ({result.origin})"
+            report.add(f"{what} {shape}: {line} ({time.perf_counter() - started:.1f} s)")
             if bar is not None:
                 bar.update(1)
     return model_out, vae_out
@@ -233,15 +229,16 @@ def save(model, vae, name: str, report: Report):
     return model_out, vae_out
 
 
-def _save_forward(what: str, forward: ComfyForward, calls, store: MultiRootStore, report: Report,
+def _save_forward(what: str, forward: CompiledForward, calls, store: MultiRootStore, report: Report,
                   same_structure: bool = True) -> List[str]:
     families = {}
+    library = GraphLibrary(store, runtime.registry())
     for args, kwargs in calls:
         result = forward.warmup([(args, kwargs)])[0]
         call = forward.flatten(args, kwargs)
         families[forward.family_for(call).id] = call.signature.to_json()
-        if result != "ready":
-            report.add(f"{what}: {result}")
+        if result.eager:
+            report.add(f"{what}: {result.describe()}")
     structure = forward.structure()
     names = []
     for graph in runtime.registry().graphs():
@@ -255,7 +252,7 @@ def _save_forward(what: str, forward: ComfyForward, calls, store: MultiRootStore
             report.add(f"{what}: graphs of the {family.backend} backend cannot be saved ({why})")
             continue
         try:
-            stored = store.save(graph, families.get(family.id, {}))
+            stored = library.save(graph, families.get(family.id, {}), what)
         except StoreError as error:
             report.add(f"{what}: {error}")
             continue
@@ -361,30 +358,23 @@ def _load_one(where: GraphStore, name: str, targets, trust: bool, report: Report
     family = stored.manifest.key.family
     target = next((t for t in targets if t[1] == family.architecture), targets[0])
     what, _, structure, family_here = target
-    here = family_here(family.signature)
-    differences = family.differences(here)
-    if differences:  # checked before anything else: a graph in memory may still not fit this model
-        _refuse(f"{what}: graph {stored.name} does not fit this run: " + "; ".join(differences), report, family)
-        return
-    if any(g.key.id == stored.manifest.graph_id for g in runtime.registry().graphs()):
+    library = GraphLibrary(where, runtime.registry())
+    wanted = family_here(family.signature)
+    if not family.differences(wanted) and library.in_memory(stored.manifest.graph_id) is not None:
         report.add(f"{what}: {stored.name} is already in memory")
         return
-    if trust and not where.trust.is_trusted(stored.manifest.package_sha256) and not where.problems(stored):
-        where.trust.add(stored.manifest.package_sha256, f"trusted in the Load Graph node ({stored.manifest_path})")
-        report.add(f"{stored.name} added to the trust list ({where.trust.path})")
-    started = time.perf_counter()
+    if trust and not where.trust.is_trusted(stored.manifest.package_sha256):
+        try:
+            trust_graph(where, stored, f"trusted in the Load Graph node ({stored.manifest_path})")
+        except GraphRefused:
+            pass  # loading refuses it below, with the reason
+        else:
+            report.add(f"{stored.name} added to the trust list ({where.trust.path})")
     try:
-        graph = where.load(stored, here)
+        graph = library.load(stored, wanted, f"Load Graph: {what}")
     except GraphRefused as error:
-        _refuse(f"{what}: {error}", report, family)
+        report.add(f"refused {what}: {error}")
         return
-    except Exception as error:  # a backend that cannot load here
-        _refuse(f"{what}: graph {stored.name} cannot be loaded here: {type(error).__name__}: {error}", report, family)
-        return
-    registry = runtime.registry()
-    registry.add(graph)
-    registry.record(LOAD, family, f"{what}: loaded {stored.name} from {where.root}",
-                    seconds=time.perf_counter() - started, graph_id=graph.key.id)
     report.add(f"{what}: loaded {stored.name} (range {graph.key.shape_range.describe()})")
 
 

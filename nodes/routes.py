@@ -25,10 +25,10 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from aiohttp import web
 
-from ..compiler.comfy_adapter import MultiRootStore
 from ..compiler.environment import torch_version
+from ..compiler.library import trust
 from ..compiler.manifest import MANIFEST_SUFFIX
-from ..compiler.store import GraphRefused, GraphStore, StoredGraph
+from ..compiler.store import GraphRefused, GraphStore, MultiRootStore, StoredGraph
 
 PREFIX = "/keepfast"
 STATS = PREFIX + "/stats"
@@ -142,10 +142,10 @@ def trust_graph(store: MultiRootStore, name: Any, root: Any = None) -> Dict[str,
     stored, problem = _read(where, path)
     if stored is None:
         raise RouteError(409, f"not trusted: {problem}")
-    problems = where.problems(stored)
-    if problems:
-        raise RouteError(409, f"not trusted: {problems[0]}")
-    where.trust.add(stored.manifest.package_sha256, f"trusted by the user in the graph library ({stored.package_path})")
+    try:
+        trust(where, stored, f"trusted by the user in the graph library ({stored.package_path})")
+    except GraphRefused as problem:
+        raise RouteError(409, f"not trusted: {problem}") from None
     return {"trusted": True, "graph": graph_row(where, index, path, stored, None)}
 
 

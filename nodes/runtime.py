@@ -1,24 +1,25 @@
-"""Process-wide state of the ComfyUI nodes: graphs folder, store, registry, messages.
+"""Process-wide state of the ComfyUI nodes: graphs folder, store, registry, the page's messages.
 
 ComfyUI clones node classes per run, so everything that must outlive one run
 lives here. Nothing happens at import: `setup()` runs from the pack's
 `comfy_entrypoint` (and again, harmlessly, from any node that needs it).
-ComfyUI modules are imported inside functions only.
+ComfyUI modules are imported inside functions only. What happened (compiles,
+loads, fallbacks, refusals, calls served) is the registry's event log: this
+module subscribes to it to tell the page and ComfyUI's log, and reads it for
+the stats; it keeps no copy.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import threading
-import time
-from typing import Any, Deque, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ..compiler import DEFAULT_BACKEND, GraphRegistry, TrustList, backend_names, default_registry, unavailable_reason
-from ..compiler.comfy_adapter import MultiRootStore
 from ..compiler.manifest import MANIFEST_SUFFIX
 from ..compiler.registry import COMPILE, EVICT, FALLBACK, LOAD, PROGRESS, REFUSED, Event
+from ..compiler.store import MultiRootStore
 
 log = logging.getLogger("keepfast")
 
@@ -28,8 +29,6 @@ STATS_ROUTE = "/keepfast/stats"
 
 _lock = threading.RLock()
 _state: Dict[str, Any] = {"setup": False, "route": False, "listener": False}
-_counts: Dict[str, int] = collections.defaultdict(int)
-_messages: Deque[dict] = collections.deque(maxlen=300)
 _bars: Dict[str, Any] = {}
 
 
@@ -146,25 +145,16 @@ def send(event: str, data: dict) -> None:
         pass
 
 
-def note(kind: str, text: str, **fields) -> dict:
-    """A message for the log, the page and the stats (no registry event)."""
-    entry = {"kind": kind, "reason": text, "at": time.time(), **fields}
-    with _lock:
-        _messages.append(entry)
-        _counts["note." + kind] += 1
-    (log.warning if kind in ("refused", "error") else log.info)("[KeepFast] %s", text)
-    send(EVENT_NAME, entry)
-    return entry
+def note(text: str) -> None:
+    """Something the nodes found that a user must know (a model served uncompiled and why): a fallback event."""
+    registry().record(FALLBACK, "-", text)
 
 
 def _on_event(event: Event) -> None:
+    """The event log's listener: ComfyUI's log, the page's badges and the sampler's progress bar."""
     if event.kind == PROGRESS:
         _progress(event)
         return
-    data = event.to_json()
-    with _lock:
-        _counts[event.kind] += 1
-        _messages.append(data)
     if event.kind == COMPILE:
         log.info("[KeepFast] compiled in %.1f s: %s", event.seconds, event.reason)
     elif event.kind == LOAD:
@@ -173,7 +163,7 @@ def _on_event(event: Event) -> None:
         log.warning("[KeepFast] %s: %s", event.kind, event.reason)
     elif event.kind == FALLBACK:
         log.info("[KeepFast] %s", event.reason)
-    send(EVENT_NAME, data)
+    send(EVENT_NAME, event.to_json())
 
 
 def _progress(event: Event) -> None:
@@ -192,14 +182,8 @@ def _progress(event: Event) -> None:
         pass
 
 
-def count(name: str, amount: int = 1) -> None:
-    with _lock:
-        _counts[name] += amount
-
-
 def messages_since(mark: float) -> List[dict]:
-    with _lock:
-        return [m for m in _messages if m.get("at", 0) >= mark]
+    return [event.to_json() for event in registry().log.since(mark)]
 
 
 def describe(messages: List[dict]) -> List[str]:
@@ -209,10 +193,8 @@ def describe(messages: List[dict]) -> List[str]:
 
 def stats() -> dict:
     reg = registry()
-    with _lock:
-        counts = dict(_counts)
-        messages = list(_messages)
     summary = reg.stats()
+    counts = summary["counts"]
     return {
         "counts": {
             "compiles": counts.get(COMPILE, 0),
@@ -228,7 +210,7 @@ def stats() -> dict:
             "vae_eager_calls": counts.get("vae.eager", 0),
         },
         "graphs": summary["graphs"],
-        "messages": messages[-100:],
+        "messages": [event.to_json() for event in reg.log.events[-100:]],
         "graphs_folders": graphs_folders() if _state["setup"] else [],
         "compile_unavailable": compile_unavailable(),
         "backends": backend_reasons(),

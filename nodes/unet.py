@@ -4,8 +4,9 @@ The speedup node clones the MODEL and adds two wrappers under the key
 `keepfast`; the shared UNet module is never changed. At sampling time the
 DIFFUSION_MODEL wrapper binds the call (x, timesteps, context, y, control,
 ...) to the model's `_forward` parameters, splits off `transformer_options`
-(which a graph cannot take) and runs the call through a ComfyForward: a graph
-when one serves it, else a compile, else eager with the reason recorded.
+(which a graph cannot take) and serves the call through a CompiledForward: a
+graph when one serves it, else a compile, else ComfyUI's own call (the
+wrapper chain with the real `transformer_options`) with the reason recorded.
 `transformer_options` carrying patches (IPAdapter, FreeU, attention
 replacements) always runs eagerly, with that reason. Wrappers inside ours
 (other packs') still run: the graph takes the place of the model's own
@@ -20,19 +21,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..compiler import DEFAULT_BACKEND, CompileOptions
+from ..compiler import DEFAULT_BACKEND, CompiledForward, CompileOptions
 from ..compiler.backends.base import portable_forward
-from ..compiler.comfy_adapter import (
-    ComfyForward, bind_call, clamp, forward_signature, latent_range, options_reason, unet_example_call,
-)
-from ..compiler.environment import device_kind, dtype_name, torch_version
+from ..compiler.binding import CallBinder
 from ..compiler.keys import FamilyKey
-from ..compiler.structure import architecture_name, module_dtype
+from ..compiler.structure import architecture_name
 from . import runtime
+from .patches import side_inputs_reason
+from .sizes import clamp, latent_range
 
 KEY = "keepfast"
 
@@ -70,13 +70,36 @@ def _forward_fn(module, **kwargs):
     return module._forward(transformer_options={}, **kwargs)
 
 
-class UnetRunner:
-    """The wrappers' state: one ComfyForward per diffusion model module."""
+def unet_example_call(in_channels: int, context_dim: Optional[int], adm_channels: Optional[int], batch: int,
+                      height: int, width: int, sequence: int, dtype: torch.dtype,
+                      device: torch.device | str) -> Tuple[tuple, Dict[str, Any]]:
+    """A call shaped as ComfyUI's BaseModel.apply_model makes it to an SD-style UNet."""
+    options = dict(dtype=dtype, device=device)
+    kwargs: Dict[str, Any] = {
+        "x": torch.randn(batch, in_channels, height, width, **options),
+        "timesteps": torch.full((batch,), 500.0, dtype=torch.float32, device=device),
+    }
+    if context_dim:
+        kwargs["context"] = torch.randn(batch, sequence, context_dim, **options)
+    if adm_channels:
+        kwargs["y"] = torch.randn(batch, adm_channels, **options)
+    return (), kwargs
 
-    def __init__(self, settings: Settings, base_model):
+
+def call_binder(module: torch.nn.Module) -> CallBinder:
+    """Calls bound to the diffusion model's `_forward` (what the DIFFUSION_MODEL hook wraps)."""
+    function = getattr(type(module), "_forward", None) or type(module).forward
+    return CallBinder(function, side_inputs=("transformer_options",), side_policy=side_inputs_reason)
+
+
+class UnetRunner:
+    """The wrappers' state: one CompiledForward per diffusion model module."""
+
+    def __init__(self, settings: Settings, base_model, load_device=None):
         self.settings = settings
         self.base_model = base_model
-        self._forwards: Dict[int, ComfyForward] = {}
+        self.load_device = load_device
+        self._forwards: Dict[int, CompiledForward] = {}
         self._hook_seen = False
         self._no_hook_reported = False
 
@@ -85,15 +108,16 @@ class UnetRunner:
         s = self.settings
         return CompileOptions(
             backend=s.backend, shape_range=s.unet_range(), compile_on_miss=s.compile_on_miss,
-            store=runtime.store(), autosave=s.autosave, cover_range=s.cover_range,
+            store=runtime.store(), autosave=s.autosave, cover_range=s.cover_range, counter="unet",
+            device=str(self.load_device) if self.load_device is not None else None,
         )
 
-    def forward_for(self, module: torch.nn.Module) -> ComfyForward:
+    def forward_for(self, module: torch.nn.Module) -> CompiledForward:
         forward = self._forwards.get(id(module))
         if forward is None or forward.module is not module:
             label = f"{type(self.base_model).__name__} {architecture_name(module)}"
-            forward = ComfyForward(module, self.options().with_(label=label), runtime.registry(),
-                                   forward_fn=_forward_fn)
+            forward = CompiledForward(module, self.options().with_(label=label), runtime.registry(),
+                                      forward_fn=_forward_fn, binder=call_binder(module))
             self._forwards[id(module)] = forward
         return forward
 
@@ -104,7 +128,7 @@ class UnetRunner:
         if not self._hook_seen and not self._no_hook_reported:
             self._no_hook_reported = True
             model = getattr(executor.class_obj, "diffusion_model", None)
-            runtime.note("fallback", f"{type(model).__name__} was not called through ComfyUI's diffusion-model "
+            runtime.note(f"{type(model).__name__} was not called through ComfyUI's diffusion-model "
                                      "wrapper hook (a model type without the hook, or another pack's wrapper "
                                      "answered instead); those calls ran uncompiled")
         return output
@@ -124,26 +148,10 @@ class UnetRunner:
         return self.run(module, executor.original, args, kwargs)
 
     def run(self, module, original, args: tuple, kwargs: dict):
-        forward = self.forward_for(module)
-
-        def eager():
-            return original(*args, **kwargs)
-
-        reason = self._eager_reason()
-        canonical = None
-        if reason is None:
-            try:
-                canonical, options = bind_call(forward_signature(original), args, kwargs)
-            except TypeError as error:
-                reason = f"the call does not fit {type(module).__name__}'s forward ({error})"
-            else:
-                reason = options_reason(options)
-        if reason is not None:
-            output = forward.run_eager(reason, eager)
-        else:
-            output = forward.call(eager, **canonical)
-        runtime.count("unet.eager" if forward.ran_eager else "unet.graph")
-        return output
+        """Serve one diffusion model call; ComfyUI's own call is what runs when no graph can."""
+        served = self.forward_for(module).serve(args, kwargs, eager=lambda: original(*args, **kwargs),
+                                                eager_reason=self._eager_reason())
+        return served.output
 
     def _eager_reason(self) -> Optional[str]:
         base = self.base_model
@@ -192,21 +200,17 @@ def speed_up(model, settings: Settings):
     clone = model.clone()
     clone.remove_wrappers_with_key(WrappersMP.APPLY_MODEL, KEY)
     clone.remove_wrappers_with_key(WrappersMP.DIFFUSION_MODEL, KEY)
-    runner = UnetRunner(settings, clone.model)
+    runner = UnetRunner(settings, clone.model, clone.load_device)
     clone.add_wrapper_with_key(WrappersMP.APPLY_MODEL, KEY, runner.apply_model_wrapper)
     clone.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, KEY, runner.diffusion_model_wrapper)
     return clone, runner
 
 
 def family_here(model, signature: str) -> FamilyKey:
-    """The key a graph needs to serve this model (signature from the graph)."""
+    """The key a graph needs to serve this model (signature from the graph): the forward's own key path."""
     unet = model.get_model_object("diffusion_model")
-    runner = runner_of(model) or UnetRunner(Settings(), model.model)
-    return FamilyKey(
-        architecture=architecture_name(unet), structure=runner.forward_for(unet).structure(),
-        signature=signature, dtype=dtype_name(module_dtype(unet)), device=device_kind(model.load_device),
-        backend=runner.settings.backend, torch_version=torch_version(),
-    )
+    runner = runner_of(model) or UnetRunner(Settings(), model.model, model.load_device)
+    return runner.forward_for(unet).expected_family(signature)
 
 
 def load_to_device(model) -> None:

@@ -6,7 +6,7 @@ comfy.sd.VAE has no clone() and no wrapper hooks, and every decode path
 `first_stage_model.encode(pixels)`. So the node returns a shallow copy of the
 VAE object holding a shallow copy of `first_stage_model` (the same
 submodules and weights, loaded and offloaded by the same patcher) whose
-`decode` and `encode` go through ComfyForwards. The input VAE is untouched.
+`decode` and `encode` go through CompiledForwards. The input VAE is untouched.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ..compiler import CompileOptions, ShapeRange
+from ..compiler import CompiledForward, CompileOptions, ShapeRange
 from ..compiler.backends.base import portable_forward
-from ..compiler.comfy_adapter import ComfyForward, clamp
-from ..compiler.environment import device_kind, dtype_name, torch_version
 from ..compiler.keys import FamilyKey
-from ..compiler.structure import architecture_name, module_dtype
+from ..compiler.structure import architecture_name
 from . import runtime
+from .sizes import clamp
 from .unet import Settings
 
 RUNNER_ATTRIBUTE = "_keepfast_runner"
@@ -51,8 +50,8 @@ class VaeRunner:
         self.dtype = vae.vae_dtype
         self.device = vae.device
         self.latent_dim = getattr(vae, "latent_dim", 2)
-        self.forwards: Dict[str, ComfyForward] = {
-            op: ComfyForward(self.module, self.options(op), runtime.registry(), forward_fn=_vae_forward)
+        self.forwards: Dict[str, CompiledForward] = {
+            op: CompiledForward(self.module, self.options(op), runtime.registry(), forward_fn=_vae_forward)
             for op in OPS
         }
 
@@ -69,24 +68,20 @@ class VaeRunner:
         return CompileOptions(
             backend=s.backend, shape_range=self.shape_range(op), compile_on_miss=s.compile_on_miss,
             store=runtime.store(), autosave=s.autosave, cover_range=s.cover_range,
-            label=f"VAE {op} ({architecture_name(self.module)})",
+            label=f"VAE {op} ({architecture_name(self.module)})", counter="vae", device=str(self.device),
         )
 
     def run(self, op: str, sample: torch.Tensor, **options):
-        forward = self.forwards[op]
+        """Serve one decode or encode; the autoencoder's own method is what runs when no graph can."""
         method = getattr(self.module, op)
-
-        def eager():
-            return method(sample, **options)
-
+        reason = None
         if options:
-            output = forward.run_eager(f"{op} was called with options {sorted(options)}", eager)
+            reason = f"{op} was called with options {sorted(options)}"
         elif not isinstance(sample, torch.Tensor):
-            output = forward.run_eager(f"{op} was called with a {type(sample).__name__}", eager)
-        else:
-            output = forward.call(eager, op, sample.contiguous())
-        runtime.count("vae.eager" if forward.ran_eager else "vae.graph")
-        return output
+            reason = f"{op} was called with a {type(sample).__name__}"
+        served = self.forwards[op].serve((op, sample), {}, eager=lambda: method(sample, **options),
+                                         eager_reason=reason)
+        return served.output
 
     def example_calls(self, op: str, sizes: List[Tuple[int, int]], batches: List[int]) -> List[Tuple[tuple, dict]]:
         if self.latent_dim != 2:
@@ -105,11 +100,8 @@ class VaeRunner:
         return calls
 
     def family_here(self, signature: str) -> FamilyKey:
-        return FamilyKey(
-            architecture=architecture_name(self.module), structure=self.forwards["decode"].structure(),
-            signature=signature, dtype=dtype_name(module_dtype(self.module)), device=device_kind(self.device),
-            backend=self.settings.backend, torch_version=torch_version(),
-        )
+        """The key a graph needs to serve this VAE: the forward's own key path."""
+        return self.forwards["decode"].expected_family(signature)
 
 
 def _spatial_scale(vae) -> int:

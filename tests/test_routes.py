@@ -27,7 +27,7 @@ def _pack_module(name: str):
 
 
 routes = _pack_module("nodes.routes")
-adapter = _pack_module("compiler.comfy_adapter")
+adapter = _pack_module("compiler.store")
 keys = _pack_module("compiler.keys")
 manifest_module = _pack_module("compiler.manifest")
 shapes = _pack_module("compiler.shapes")

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from compiler import CompileOptions, CompiledForward, GraphRegistry, GraphStore, StoreError
-from compiler.calls import canonical_binder
 from compiler.cli import main as cli_main
 from compiler.keys import GraphKey
 from compiler.manifest import Manifest
@@ -35,8 +34,7 @@ def _serve_from(graphs: Path, test_range):
     """A fresh registry serving a fresh UNet from `graphs`, never compiling."""
     registry = GraphRegistry()
     unet = tiny_unet(seed=0)
-    options = CompileOptions(shape_range=test_range, store=GraphStore(graphs), compile_on_miss=False,
-                             normalise=canonical_binder(type(unet).forward))
+    options = CompileOptions(shape_range=test_range, store=GraphStore(graphs), compile_on_miss=False)
     compiled = CompiledForward(unet, options, registry)
     args, kwargs = unet_inputs(2, 16, 16)
     with torch.no_grad():

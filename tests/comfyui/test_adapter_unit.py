@@ -1,5 +1,5 @@
-"""The ComfyUI adapter's ComfyUI-free parts (compiler/comfy_adapter.py), the pack entry and the bundled
-workflow files. Runs without ComfyUI and without compiling anything."""
+"""The ComfyUI nodes' ComfyUI-free parts (call binding, patches, graph sets, sizes), the pack entry and the
+bundled workflow files. Runs without ComfyUI and without compiling anything."""
 
 from __future__ import annotations
 
@@ -11,21 +11,40 @@ from pathlib import Path
 import pytest
 import torch
 
-from compiler import CompileOptions, GraphRegistry
-from compiler.comfy_adapter import (
-    ComfyForward, GraphSetError, MultiRootStore, bind_call, forward_signature,
-    graph_set_entries, latent_range, options_reason, parse_batch_sizes, parse_resolutions, read_json,
-    set_file_name, unet_example_call, write_graph_set,
-)
+from compiler import CompiledForward, CompileOptions, GraphRegistry
 from compiler.signature import FlatCall
+from compiler.store import MultiRootStore
 from compiler.structure import structure_hash
 from compiler.trust import TrustList
+from tests.support.pack import pack_module
 
 REPO = Path(__file__).resolve().parents[2]
+PACK = "keepfast_pack_for_adapter_unit"
+_patches = pack_module(PACK, "nodes.patches")
+_sets = pack_module(PACK, "nodes.graph_sets")
+_sizes = pack_module(PACK, "nodes.sizes")
+_unet = pack_module(PACK, "nodes.unet")
+CallDoesNotBind = pack_module(PACK, "compiler.binding").CallDoesNotBind
+options_reason = _patches.options_reason
+GraphSetError, graph_set_entries, read_json = _sets.GraphSetError, _sets.graph_set_entries, _sets.read_json
+set_file_name, write_graph_set = _sets.set_file_name, _sets.write_graph_set
+latent_range, parse_batch_sizes, parse_resolutions = _sizes.latent_range, _sizes.parse_batch_sizes, _sizes.parse_resolutions
+unet_example_call = _unet.unet_example_call
 
 
-def forward(x, timesteps=None, context=None, y=None, control=None, transformer_options={}, **kwargs):
+def forward(self, x, timesteps=None, context=None, y=None, control=None, transformer_options={}, **kwargs):
     """UNetModel._forward's parameters."""
+
+
+def _binder(function=forward):
+    """The binder the Model Speedup node makes for a diffusion model whose `_forward` is `function`."""
+    model_class = type("Model", (torch.nn.Module,), {"_forward": function})
+    return _unet.call_binder(model_class())
+
+
+def bind_call(binder, args, kwargs):
+    bound = binder.bind(args, kwargs)
+    return bound.inputs, bound.side.get("transformer_options", {})
 
 
 # -- transformer_options ------------------------------------------------------------
@@ -53,34 +72,34 @@ def test_computation_changing_options_run_eager_with_a_reason(options, named):
 
 def test_bound_calls_have_one_input_structure_however_passed():
     x, t, c = torch.randn(2, 4, 8, 8), torch.ones(2), torch.randn(2, 77, 768)
-    signature = forward_signature(forward)
+    signature = _binder()
     by_position, options_a = bind_call(signature, (x, t, c, None, None, {"uuids": [1]}), {})
     by_name, options_b = bind_call(signature, (x,), {"timesteps": t, "context": c, "transformer_options": {}})
     assert list(by_position) == list(by_name) == ["context", "timesteps", "x"]
     assert options_a == {"uuids": [1]} and options_b == {}
     assert FlatCall((), by_position).signature.id == FlatCall((), by_name).signature.id
-    example = unet_example_call(4, 768, None, 2, 8, 8, 77, torch.float32, "cpu")
-    assert FlatCall(*example).signature.id == FlatCall((), by_name).signature.id
+    example, _ = bind_call(signature, *unet_example_call(4, 768, None, 2, 8, 8, 77, torch.float32, "cpu"))
+    assert FlatCall((), example).signature.id == FlatCall((), by_name).signature.id
 
 
 def test_inputs_are_made_contiguous():
     x = torch.randn(2, 8, 8, 4).movedim(-1, 1)
     assert not x.is_contiguous()
-    bound, _ = bind_call(forward_signature(forward), (x, torch.ones(2)), {})
+    bound, _ = bind_call(_binder(), (x, torch.ones(2)), {})
     assert bound["x"].is_contiguous() and torch.equal(bound["x"], x)
 
 
 def test_extra_positional_inputs_do_not_bind():
-    def takes_star(x, *rest, transformer_options=None):
+    def takes_star(self, x, *rest, transformer_options=None):
         pass
 
-    with pytest.raises(TypeError):
-        bind_call(forward_signature(takes_star), (torch.ones(1), torch.ones(1)), {})
+    with pytest.raises(CallDoesNotBind):
+        bind_call(_binder(takes_star), (torch.ones(1), torch.ones(1)), {})
 
 
 def test_controlnet_residuals_are_a_new_input_structure():
     x, t, c = torch.randn(2, 4, 8, 8), torch.ones(2), torch.randn(2, 77, 768)
-    signature = forward_signature(forward)
+    signature = _binder()
     plain, _ = bind_call(signature, (x, t, c), {})
 
     def control(scale):
@@ -112,14 +131,31 @@ def test_structure_ignores_the_flags_comfyui_sets_while_loading():
 def test_eager_path_is_the_callers_own_call():
     module = torch.nn.Linear(4, 4)
     registry = GraphRegistry()
-    compiled = ComfyForward(module, CompileOptions(compile_on_miss=False, label="linear"), registry,
-                            forward_fn=lambda m, x: m(x))
+    compiled = CompiledForward(module, CompileOptions(compile_on_miss=False, label="linear", counter="unet"),
+                               registry, forward_fn=lambda m, x: m(x))
     x = torch.randn(2, 4)
-    assert compiled.call(lambda: "the wrapper chain", x) == "the wrapper chain"
-    assert compiled.ran_eager and "compiling is off" in compiled.last_status
-    assert compiled.run_eager("patches", lambda: 7) == 7
+    served = compiled.serve((x,), {}, eager=lambda: "the wrapper chain")
+    assert served.output == "the wrapper chain" and served.eager and "compiling is off" in served.reason
+    known = compiled.serve((x,), {}, eager=lambda: 7, eager_reason="patches")
+    assert known.output == 7 and known.reason == "patches"
     assert [e.reason for e in registry.fallbacks][-1] == "linear: patches; running eager"
-    assert compiled.eager(x).shape == (2, 4)  # outside call(): the module's own forward
+    assert registry.log.counts["unet.eager"] == 2 and registry.log.counts["unet.graph"] == 0
+    assert compiled.eager(x).shape == (2, 4)  # the module's own forward
+
+
+def test_transformer_options_with_patches_run_the_callers_call_with_the_reason():
+    module = torch.nn.Linear(4, 4)
+    registry = GraphRegistry()
+
+    def fake_forward(self, x, transformer_options={}):
+        pass
+
+    compiled = CompiledForward(module, CompileOptions(label="linear"), registry, forward_fn=lambda m, x: m(x),
+                               binder=_binder(fake_forward))
+    options = {"patches": {"output_block_patch": [print]}}
+    served = compiled.serve((torch.randn(2, 4),), {"transformer_options": options}, eager=lambda: "eager")
+    assert served.output == "eager" and "patches (output_block_patch)" in served.reason
+    assert registry.compiles == []
 
 
 # -- graphs folder --------------------------------------------------------------------------
