@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--dtype", help="refuse a graph of another dtype")
     imp.set_defaults(run=_graphs_import)
 
-    from .bench import add_arguments as _bench_arguments, run_from_args as _bench_run
+    from .testing.bench import add_arguments as _bench_arguments, run_from_args as _bench_run
 
     bench = commands.add_parser("bench", help="eager vs plain torch.compile vs KeepFast (see BENCHMARKS.md)")
     _bench_arguments(bench)
@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "demo":
-        from .demo import run_demo
+        from .testing.demo import run_demo
 
         return run_demo(Path(args.out), steps=args.steps, load_check=args.load_check)
     return args.run(args)

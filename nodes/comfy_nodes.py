@@ -34,7 +34,7 @@ def _backend_input():
                           optional=True)
 
 
-def _validate_backend(backend: str):
+def _validate_backend(backend: str) -> bool | str:
     """Any registered backend passes, offered here or not: a workflow from a machine with OneFlow still runs
     here, its model passing through uncompiled with the reason (ComfyUI's own check would stop the workflow).
     The input is optional (see _backend_input), so `backend` may not be passed at all."""
@@ -53,7 +53,7 @@ def _ui(text: str) -> dict:
     return {"text": [text]}
 
 
-def _graph_tool_schema(node_id: str, display_name: str, description: str, inputs: list):
+def _graph_tool_schema(node_id: str, display_name: str, description: str, inputs: list) -> io.Schema:
     """Save, Load and Warmup Graph: MODEL and/or VAE in and out (served by graphs), plus a report."""
     return io.Schema(
         node_id=node_id, display_name=display_name, category=CATEGORY, description=description,
@@ -63,14 +63,14 @@ def _graph_tool_schema(node_id: str, display_name: str, description: str, inputs
     )
 
 
-def _reported(model_out, vae_out, report: Report):
+def _reported(model_out, vae_out, report: Report) -> io.NodeOutput:
     text = report.text()
     return io.NodeOutput(model_out, vae_out, text, ui=_ui(text))
 
 
 class KeepFastModelSpeedup(io.ComfyNode):
     @classmethod
-    def define_schema(cls):
+    def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="KeepFastModelSpeedup",
             display_name="KeepFast Model Speedup",
@@ -88,12 +88,12 @@ class KeepFastModelSpeedup(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, backend=DEFAULT_BACKEND):
+    def validate_inputs(cls, backend: str = DEFAULT_BACKEND) -> bool | str:
         return _validate_backend(backend)
 
     @classmethod
     def execute(cls, model, min_resolution, max_resolution, max_batch_size, compile, save_compiled,
-                backend=DEFAULT_BACKEND):
+                backend=DEFAULT_BACKEND) -> io.NodeOutput:
         runtime.setup()
         report = Report("KeepFast Model Speedup")
         out, _ = operations.model_speedup(
@@ -103,7 +103,7 @@ class KeepFastModelSpeedup(io.ComfyNode):
 
 class KeepFastVAESpeedup(io.ComfyNode):
     @classmethod
-    def define_schema(cls):
+    def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="KeepFastVAESpeedup",
             display_name="KeepFast VAE Speedup",
@@ -115,11 +115,12 @@ class KeepFastVAESpeedup(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, backend=DEFAULT_BACKEND):
+    def validate_inputs(cls, backend: str = DEFAULT_BACKEND) -> bool | str:
         return _validate_backend(backend)
 
     @classmethod
-    def execute(cls, vae, min_resolution, max_resolution, max_batch_size, compile, backend=DEFAULT_BACKEND):
+    def execute(cls, vae, min_resolution, max_resolution, max_batch_size, compile,
+                backend=DEFAULT_BACKEND) -> io.NodeOutput:
         runtime.setup()
         report = Report("KeepFast VAE Speedup")
         out, _ = operations.vae_speedup(
@@ -129,7 +130,7 @@ class KeepFastVAESpeedup(io.ComfyNode):
 
 class KeepFastSaveGraph(io.ComfyNode):
     @classmethod
-    def define_schema(cls):
+    def define_schema(cls) -> io.Schema:
         return _graph_tool_schema(
             "KeepFastSaveGraph", "KeepFast Save Graph",
             "Compile now (no image needed) and write the graphs of the model and/or VAE into models/graphs, "
@@ -138,7 +139,7 @@ class KeepFastSaveGraph(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, name, model=None, vae=None):
+    def execute(cls, name, model=None, vae=None) -> io.NodeOutput:
         runtime.setup()
         report = Report(f"KeepFast Save Graph '{name}'")
         if model is None and vae is None:
@@ -149,7 +150,7 @@ class KeepFastSaveGraph(io.ComfyNode):
 
 class KeepFastLoadGraph(io.ComfyNode):
     @classmethod
-    def define_schema(cls):
+    def define_schema(cls) -> io.Schema:
         return _graph_tool_schema(
             "KeepFastLoadGraph", "KeepFast Load Graph",
             "Serve the model and/or VAE from graphs in models/graphs, loaded now: a graph set written by Save "
@@ -166,7 +167,7 @@ class KeepFastLoadGraph(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, graph, compile_if_missing, trust_graph, model=None, vae=None):
+    def execute(cls, graph, compile_if_missing, trust_graph, model=None, vae=None) -> io.NodeOutput:
         runtime.setup()
         report = Report(f"KeepFast Load Graph '{graph}'")
         model_out, vae_out = operations.load(model, vae, graph, compile_if_missing, trust_graph, report)
@@ -175,7 +176,7 @@ class KeepFastLoadGraph(io.ComfyNode):
 
 class KeepFastWarmupGraphs(io.ComfyNode):
     @classmethod
-    def define_schema(cls):
+    def define_schema(cls) -> io.Schema:
         return _graph_tool_schema(
             "KeepFastWarmupGraphs", "KeepFast Warmup Graphs",
             "Make sure graphs serve these resolutions and batch sizes before the first image (compiling or "
@@ -191,7 +192,7 @@ class KeepFastWarmupGraphs(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, resolutions, batch_sizes):
+    def validate_inputs(cls, resolutions: str, batch_sizes: str) -> bool | str:
         try:
             if not parse_resolutions(resolutions):
                 return "give at least one resolution, e.g. 512x512"
@@ -202,7 +203,7 @@ class KeepFastWarmupGraphs(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(cls, resolutions, batch_sizes, vae_encode, model=None, vae=None):
+    def execute(cls, resolutions, batch_sizes, vae_encode, model=None, vae=None) -> io.NodeOutput:
         runtime.setup()
         sizes, batches = parse_resolutions(resolutions), parse_batch_sizes(batch_sizes)
         report = Report("KeepFast Warmup Graphs")
@@ -213,7 +214,7 @@ class KeepFastWarmupGraphs(io.ComfyNode):
 
 class KeepFastGraphStats(io.ComfyNode):
     @classmethod
-    def define_schema(cls):
+    def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="KeepFastGraphStats",
             display_name="KeepFast Graph Stats",
@@ -231,7 +232,7 @@ class KeepFastGraphStats(io.ComfyNode):
         return float("nan")  # always run: the stats change without the inputs changing
 
     @classmethod
-    def execute(cls, after=None):
+    def execute(cls, after=None) -> io.NodeOutput:
         runtime.setup()
         text = operations.stats_text()
         return io.NodeOutput(text, ui=_ui(text))

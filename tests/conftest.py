@@ -39,7 +39,7 @@ def test_range():
 def saved_pipe(tmp_path_factory, test_range) -> SavedPipe:
     """save_pipe on a pipeline that has never run: it compiles UNet and VAE decoder itself."""
     from compiler import GraphRegistry, save_pipe
-    from compiler.tiny_models import tiny_sd_pipeline
+    from compiler.testing.tiny_models import tiny_sd_pipeline
 
     registry = GraphRegistry()
     pipe = tiny_sd_pipeline(seed=0)

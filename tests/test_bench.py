@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from compiler.bench import models as M
-from compiler.bench import report
-from compiler.bench.comfy_e2e import prompt, run_comfy
+from compiler.testing.bench import models as M
+from compiler.testing.bench import report
+from compiler.testing.bench.comfy_e2e import prompt, run_comfy
 
 
 def _steady(shapes, eager, compiled):

@@ -13,7 +13,7 @@ from compiler import CompileOptions, CompiledForward, GraphRegistry, GraphStore,
 from compiler.cli import main as cli_main
 from compiler.keys import GraphKey
 from compiler.manifest import Manifest
-from compiler.tiny_models import tiny_unet
+from compiler.testing.tiny_models import tiny_unet
 from tests.support.filesystems import small_filesystem
 from tests.support.inputs import unet_inputs
 

@@ -3,7 +3,7 @@
 The server is ComfyUI's own `main.py` started as a subprocess on 127.0.0.1
 with `--cpu`, a temporary `--base-directory` whose `custom_nodes/keepfast` is a
 link to this repository, and a generated checkpoint. Nothing here imports
-ComfyUI; models are built by `kf_models.py` in ComfyUI's Python.
+ComfyUI; models are built by `compiler/testing/comfy_models.py` in ComfyUI's Python.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover
     np = Image = None
 
 HERE = Path(__file__).resolve().parent
+COMFY_MODELS = HERE.parents[1] / "compiler" / "testing" / "comfy_models.py"
 REPO = HERE.parent.parent
 WORKFLOWS = REPO / "workflows"
 COMFYUI_PATH = os.environ.get("COMFYUI_PATH", "")
@@ -72,7 +73,7 @@ UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload", "animated_image_
 def build_models(base: Path) -> None:
     """Checkpoint, LoRA, ControlNet and input image where ComfyUI looks for them."""
     def run(*args):
-        subprocess.run([PYTHON, str(HERE / "kf_models.py"), *map(str, args)], check=True,
+        subprocess.run([PYTHON, str(COMFY_MODELS), *map(str, args)], check=True,
                        env={**os.environ, "COMFYUI_PATH": COMFYUI_PATH}, cwd=str(base))
 
     checkpoint = base / "models" / "checkpoints" / CHECKPOINT
@@ -83,7 +84,7 @@ def build_models(base: Path) -> None:
 
 
 def build_other_checkpoint(base: Path) -> None:
-    subprocess.run([PYTHON, str(HERE / "kf_models.py"), "checkpoint",
+    subprocess.run([PYTHON, str(COMFY_MODELS), "checkpoint",
                     str(base / "models" / "checkpoints" / OTHER_CHECKPOINT), "--seed", "11"],
                    check=True, env={**os.environ, "COMFYUI_PATH": COMFYUI_PATH})
 

@@ -74,7 +74,7 @@ def artifacts(tmp_path_factory, pytestconfig) -> Path:
 def page_server(tmp_path_factory):
     """ComfyUI with the pack, a fresh graphs folder and only the tiny checkpoint."""
     base = S.make_base(tmp_path_factory.mktemp("browser-base"))
-    subprocess.run([S.PYTHON, str(S.HERE / "kf_models.py"), "checkpoint",
+    subprocess.run([S.PYTHON, str(S.COMFY_MODELS), "checkpoint",
                     str(base / "models" / "checkpoints" / S.CHECKPOINT), "--seed", "0"],
                    check=True, env={**os.environ, "COMFYUI_PATH": S.COMFYUI_PATH}, cwd=str(base))
     trust_file = base / "keepfast-trust.json"

@@ -37,7 +37,7 @@ from compiler import CompileOptions, GraphRegistry, GraphStore, ShapeRange, Stor
 from compiler.backends.oneflow_backend import OneflowBackend, OneflowGraph, declared_calls  # noqa: E402
 from compiler.diffusers_api import compile_module  # noqa: E402
 from compiler.signature import FlatCall  # noqa: E402
-from compiler.tiny_models import tiny_unet, tiny_vae  # noqa: E402
+from compiler.testing.tiny_models import tiny_unet, tiny_vae  # noqa: E402
 
 pytestmark = pytest.mark.oneflow
 
@@ -95,7 +95,7 @@ def test_tiny_models_build_under_installed_diffusers():
 
 def test_warmup_builds_one_graph_per_declared_shape(unet_setup):
     registry, unet, compiled, results = unet_setup
-    assert results == ["ready"] * len(BATCHES) * len(LATENTS)
+    assert [r.eager for r in results] == [False] * len(BATCHES) * len(LATENTS), [r.reason for r in results]
     assert len(registry.compiles) == len(BATCHES) * len(LATENTS)
     graphs = registry.graphs()
     assert all(isinstance(g, OneflowGraph) and g.origin == "compiled" for g in graphs)
@@ -250,7 +250,7 @@ def test_warming_up_more_shapes_than_the_default_bound_serves_every_one(numbers)
     batches, latents = (1, 2), ((8, 8), (8, 12), (12, 8), (12, 12), (16, 8))
     calls = declared_calls((torch.randn(1, 4, 8, 8),), {}, batches, latents)
     started = time.perf_counter()
-    assert compiled.warmup(calls) == ["ready"] * 10
+    assert [r.eager for r in compiled.warmup(calls)] == [False] * 10
     numbers.append(("VAE decoder warmup, 10 shapes", f"{time.perf_counter() - started:.1f} s"))
     registry.reset_counters()
     for batch in batches:

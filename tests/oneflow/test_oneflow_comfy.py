@@ -58,8 +58,8 @@ except ImportError as error:  # COMFYUI_PATH given: a missing package is a setup
     pytest.fail(f"COMFYUI_PATH={COMFYUI} is set but ComfyUI's model code does not import here: {error} "
                 "(comfy.ldm needs einops, psutil and Pillow next to torch)", pytrace=False)
 
-sys.path.insert(0, str(REPO / "tests" / "comfyui"))
-from kf_models import UNET_CONFIG, _init  # noqa: E402
+sys.path.insert(0, str(REPO / "compiler" / "testing"))
+from comfy_models import UNET_CONFIG, _init  # noqa: E402
 
 pytestmark = pytest.mark.oneflow
 
@@ -78,7 +78,6 @@ def _pack(name: str):
 oneflow_comfy = _pack("nodes.oneflow_comfy")
 node_unet = _pack("nodes.unet")
 node_vae = _pack("nodes.vae")
-adapter = _pack("compiler.comfy_adapter")
 pack_compiler = _pack("compiler")
 pack_oneflow = _pack("compiler.backends.oneflow_backend")
 
@@ -106,9 +105,20 @@ def _unet(seed: int = 0) -> UNetModel:
 
 def _unet_call(batch: int, height: int, width: int, seed: int) -> dict:
     torch.manual_seed(seed)
-    _, kwargs = adapter.unet_example_call(4, 768, None, batch, height, width, 77, torch.float32, "cpu")
+    _, kwargs = node_unet.unet_example_call(4, 768, None, batch, height, width, 77, torch.float32, "cpu")
     kwargs["timesteps"] = torch.linspace(10.0, 900.0, batch)
     return kwargs
+
+
+def _unet_forward(unet, options, registry, forward_fn):
+    """A compiled forward as the Model Speedup node makes it (its binder: the model's `_forward`)."""
+    return pack_compiler.CompiledForward(unet, options, registry, forward_fn=forward_fn,
+                                         binder=node_unet.call_binder(unet))
+
+
+def _call(forward, eager, *args, **kwargs):
+    """One call served as the nodes serve it: `eager` is what runs when no graph can."""
+    return forward.serve(args, kwargs, eager=eager).output
 
 
 def _eager_unet(unet, kwargs):
@@ -120,7 +130,7 @@ def _eager_unet(unet, kwargs):
 def unet_setup(numbers):
     registry = pack_compiler.GraphRegistry()
     unet = _unet(0)
-    forward = adapter.ComfyForward(unet, _options("UNetModel"), registry, forward_fn=node_unet._forward_fn)
+    forward = _unet_forward(unet, _options("UNetModel"), registry, node_unet._forward_fn)
     calls = [((), _unet_call(batch, h, w, seed=batch + h)) for batch in BATCHES for h, w in LATENTS]
     results = forward.warmup(calls)
     builds = [round(event.seconds, 2) for event in registry.compiles]
@@ -130,7 +140,7 @@ def unet_setup(numbers):
 
 def test_unet_warmup_builds_one_graph_per_shape_sharing_the_weights(unet_setup):
     registry, unet, forward, results = unet_setup
-    assert results == ["ready"] * len(BATCHES) * len(LATENTS), [e.reason for e in registry.fallbacks]
+    assert [r.eager for r in results] == [False] * len(BATCHES) * len(LATENTS), [r.reason for r in results]
     graphs = registry.graphs()
     assert len(graphs) == len(BATCHES) * len(LATENTS)
     assert all(isinstance(g, pack_oneflow.OneflowGraph) for g in graphs)
@@ -147,7 +157,7 @@ def test_unet_graphs_equal_comfyui_eager_and_a_sweep_builds_nothing(unet_setup, 
     for batch in BATCHES:
         for height, width in LATENTS:
             kwargs = _unet_call(batch, height, width, seed=1000 + batch * 10 + height)
-            out = forward.call(lambda: pytest.fail("ran eager"), **kwargs)
+            out = _call(forward, lambda: pytest.fail("ran eager"), **kwargs)
             assert forward.last_status == "compiled graph"
             diff = float((out - _eager_unet(unet, kwargs)).abs().max())
             worst = max(worst, diff)
@@ -160,7 +170,7 @@ def test_an_unwarmed_shape_builds_one_more_graph_and_says_so(unet_setup):
     registry, unet, forward, _ = unet_setup
     registry.reset_counters()
     kwargs = _unet_call(2, 12, 8, seed=7)
-    out = forward.call(lambda: pytest.fail("ran eager"), **kwargs)
+    out = _call(forward, lambda: pytest.fail("ran eager"), **kwargs)
     assert len(registry.compiles) == 1
     assert float((out - _eager_unet(unet, kwargs)).abs().max()) < ATOL
 
@@ -179,12 +189,12 @@ def test_controlnet_residuals_add_a_graph_and_the_plain_graph_keeps_serving(unet
 
     with torch.no_grad():
         reference = unet._forward(transformer_options={}, control=control(), **kwargs)
-    out = forward.call(lambda: pytest.fail("ran eager"), control=control(), **kwargs)
+    out = _call(forward, lambda: pytest.fail("ran eager"), control=control(), **kwargs)
     assert len(registry.compiles) == 1
     assert float((out - reference).abs().max()) < ATOL
     assert float((out - _eager_unet(unet, kwargs)).abs().max()) > 1e-3  # the residuals changed the output
     registry.reset_counters()
-    plain = forward.call(lambda: pytest.fail("ran eager"), **kwargs)
+    plain = _call(forward, lambda: pytest.fail("ran eager"), **kwargs)
     assert len(registry.compiles) == 0
     assert float((plain - _eager_unet(unet, kwargs)).abs().max()) < ATOL
 
@@ -192,14 +202,14 @@ def test_controlnet_residuals_add_a_graph_and_the_plain_graph_keeps_serving(unet
 def test_an_in_place_weight_change_reaches_every_graph(unet_setup):
     registry, unet, forward, _ = unet_setup
     kwargs = _unet_call(4, 16, 12, seed=5)
-    before = forward.call(lambda: pytest.fail("ran eager"), **kwargs)
+    before = _call(forward, lambda: pytest.fail("ran eager"), **kwargs)
     weight = unet.out[2].weight
     saved = weight.detach().clone()
     try:
         with torch.no_grad():
             weight.mul_(1.5)  # what ComfyUI's LoRA patching does to a loaded model's weights
         registry.reset_counters()
-        after = forward.call(lambda: pytest.fail("ran eager"), **kwargs)
+        after = _call(forward, lambda: pytest.fail("ran eager"), **kwargs)
         assert len(registry.compiles) == 0
         assert float((after - before).abs().max()) > 1e-3
         assert float((after - _eager_unet(unet, kwargs)).abs().max()) < ATOL
@@ -214,20 +224,20 @@ def test_a_lora_patched_and_unpatched_as_comfyui_does_keeps_the_base_weights(une
     back to unpatch. The graphs read one block of weight memory: the backup must not be overwritten."""
     registry, unet, forward, _ = unet_setup
     kwargs = _unet_call(4, 16, 12, seed=21)
-    base = forward.call(lambda: pytest.fail("ran eager"), **kwargs)
+    base = _call(forward, lambda: pytest.fail("ran eager"), **kwargs)
     layer = unet.out[2]
     backup = layer.weight.to(device="cpu", copy=False)  # what ModelPatcher.patch_weight_to_device keeps
     assert backup is layer.weight
     original = backup.detach().clone()
     layer.weight = torch.nn.Parameter(backup.detach() * 1.5, requires_grad=False)  # comfy.utils.set_attr_param
     registry.reset_counters()
-    patched = forward.call(lambda: pytest.fail("ran eager"), **kwargs)
+    patched = _call(forward, lambda: pytest.fail("ran eager"), **kwargs)
     assert len(registry.compiles) == 0
     assert float((patched - _eager_unet(unet, kwargs)).abs().max()) < ATOL
     assert float((patched - base).abs().max()) > 1e-3
     assert torch.equal(backup.detach(), original), "the backup ComfyUI unpatches with was overwritten"
     layer.weight = backup  # ModelPatcher.unpatch_model
-    restored = forward.call(lambda: pytest.fail("ran eager"), **kwargs)
+    restored = _call(forward, lambda: pytest.fail("ran eager"), **kwargs)
     assert len(registry.compiles) == 0
     assert torch.equal(layer.weight.detach(), original)
     assert float((restored - base).abs().max()) < ATOL
@@ -252,12 +262,11 @@ def test_an_sdxl_layout_unet_equals_comfyui_eager(numbers):
                      **SDXL_LIKE_CONFIG)
     _init(unet, 3)
     unet.eval()
-    forward = adapter.ComfyForward(unet, _options("UNetModel SDXL-like"), registry,
-                                   forward_fn=node_unet._forward_fn)
+    forward = _unet_forward(unet, _options("UNetModel SDXL-like"), registry, node_unet._forward_fn)
     generator = torch.Generator().manual_seed(6)
     kwargs = {"x": torch.randn(2, 4, 16, 16, generator=generator), "timesteps": torch.tensor([5.0, 700.0]),
               "context": torch.randn(2, 77, 64, generator=generator), "y": torch.randn(2, 32, generator=generator)}
-    out = forward.call(lambda: pytest.fail(f"ran eager: {registry.fallbacks}"), **kwargs)
+    out = _call(forward, lambda: pytest.fail(f"ran eager: {registry.fallbacks}"), **kwargs)
     diff = float((out - _eager_unet(unet, kwargs)).abs().max())
     assert diff < ATOL
     numbers.append(("ComfyUI SDXL-layout UNetModel max |graph - eager|", f"{diff:.2e}"))
@@ -273,9 +282,9 @@ def test_vae_graphs_equal_comfyui_eager(make, op, shape, numbers):
     vae = make()
     _init(vae, 1)
     vae.eval()
-    forward = adapter.ComfyForward(vae, _options(f"VAE {op}", spatial=(8, 64)), registry, forward_fn=node_vae._vae_forward)
+    forward = pack_compiler.CompiledForward(vae, _options(f"VAE {op}", spatial=(8, 64)), registry, forward_fn=node_vae._vae_forward)
     sample = torch.randn(shape, generator=torch.Generator().manual_seed(2))
-    out = forward.call(lambda: pytest.fail(f"ran eager: {registry.fallbacks}"), op, sample)
+    out = _call(forward, lambda: pytest.fail(f"ran eager: {registry.fallbacks}"), op, sample)
     assert forward.last_status == "compiled graph", forward.last_status
     with torch.no_grad():
         reference = getattr(vae, op)(sample)
@@ -288,7 +297,7 @@ def test_weights_comfyui_casts_on_the_fly_run_eager_with_the_reason():
     registry = pack_compiler.GraphRegistry()
     unet = _unet(1)
     unet.out[2].comfy_cast_weights = True  # what ComfyUI sets in low-VRAM mode or for manual_cast models
-    forward = adapter.ComfyForward(unet, _options("UNetModel"), registry, forward_fn=node_unet._forward_fn)
+    forward = _unet_forward(unet, _options("UNetModel"), registry, node_unet._forward_fn)
     kwargs = _unet_call(2, 8, 8, seed=3)
     ran = []
 
@@ -296,7 +305,7 @@ def test_weights_comfyui_casts_on_the_fly_run_eager_with_the_reason():
         ran.append(True)
         return _eager_unet(unet, kwargs)
 
-    out = forward.call(eager, **kwargs)
+    out = _call(forward, eager, **kwargs)
     assert ran == [True]
     assert forward.last_status.startswith("eager: ")
     assert "UNetModel.out.2: ComfyUI casts this Conv2d's weights on the fly" in forward.last_status
@@ -310,9 +319,9 @@ def test_a_forward_function_that_is_not_portable_is_refused_with_the_reason():
     def calls_torch_directly(module, **kwargs):
         return module._forward(transformer_options={}, **kwargs) * torch.ones(1)
 
-    forward = adapter.ComfyForward(unet, _options("UNetModel"), registry, forward_fn=calls_torch_directly)
+    forward = _unet_forward(unet, _options("UNetModel"), registry, calls_torch_directly)
     kwargs = _unet_call(2, 8, 8, seed=4)
-    forward.call(lambda: _eager_unet(unet, kwargs), **kwargs)
+    _call(forward, lambda: _eager_unet(unet, kwargs), **kwargs)
     assert "is not marked portable" in forward.last_status
 
 
@@ -335,9 +344,9 @@ def test_a_registered_package_that_does_not_import_leaves_the_others_working():
     vae = TAESD(latent_channels=4)
     _init(vae, 4)
     vae.eval()
-    forward = adapter.ComfyForward(vae, _options("VAE decode"), registry, forward_fn=node_vae._vae_forward)
+    forward = pack_compiler.CompiledForward(vae, _options("VAE decode"), registry, forward_fn=node_vae._vae_forward)
     sample = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(5))
-    out = forward.call(lambda: pytest.fail(f"ran eager: {registry.fallbacks}"), "decode", sample)
+    out = _call(forward, lambda: pytest.fail(f"ran eager: {registry.fallbacks}"), "decode", sample)
     with torch.no_grad():
         assert float((out - vae.decode(sample)).abs().max()) < ATOL
     assert "No module named 'keepfast_no_such_package'" in isolation.IMPORT_ERRORS["keepfast_no_such_package"]

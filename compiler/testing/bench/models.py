@@ -92,7 +92,7 @@ class ModelSpec:
         return [(b, h, w) for (h, w) in self.sweep_sizes for b in self.sweep_batches]
 
     def shape_range(self):
-        from ..shapes import ShapeRange
+        from ...shapes import ShapeRange
 
         return ShapeRange(batch=self.range_batch, spatial=self.range_spatial, sequence=(1, SEQUENCE))
 

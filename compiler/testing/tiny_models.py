@@ -79,6 +79,40 @@ def tiny_sd_pipeline(seed: int = 0, dtype: torch.dtype = torch.float32, vae_dtyp
     return pipe
 
 
+def tiny_sdxl_pipeline(seed: int = 0, dtype: torch.dtype = torch.float32, vae_dtype: Optional[torch.dtype] = None):
+    """A StableDiffusionXLPipeline without text encoders (SDXL's `text_time` conditioning): call it with
+    prompt_embeds and pooled_prompt_embeds (`prompt_embeds(..., dim=32)`, `pooled_embeds(...)`)."""
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
+
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel(
+        block_out_channels=(32, 64), layers_per_block=1, cross_attention_dim=32, attention_head_dim=8,
+        sample_size=8, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), norm_num_groups=8,
+        addition_embed_type="text_time", addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=SDXL_POOLED + 6 * 8,
+    ).eval()
+    vae = tiny_vae(seed + 1)
+    if dtype != torch.float32:
+        unet = unet.to(dtype)
+    if (vae_dtype or dtype) != torch.float32:
+        vae = vae.to(vae_dtype or dtype)  # float16 with force_upcast: the pipeline decodes in float32
+    pipe = StableDiffusionXLPipeline(
+        vae=vae, text_encoder=None, text_encoder_2=None, tokenizer=None, tokenizer_2=None,
+        unet=unet, scheduler=EulerDiscreteScheduler(steps_offset=1),
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+SDXL_POOLED = 16
+
+
+def pooled_embeds(batch: int = 1, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, SDXL_POOLED, generator=generator).to(dtype)
+
+
 def prompt_embeds(batch: int = 1, length: int = 77, dim: int = 32, seed: int = 0,
                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)

@@ -20,9 +20,9 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from .diffusers_api import compile_pipe, compiled_parts, load_pipe, save_pipe
-from .registry import default_registry
-from .shapes import ShapeRange
+from ..diffusers_api import compile_pipe, compiled_parts, load_pipe, save_pipe
+from ..registry import default_registry
+from ..shapes import ShapeRange
 from .tiny_models import prompt_embeds, tiny_sd_pipeline
 
 # (height, width) in pixels. The tiny VAE downsamples by 2, so latents are 16-32.

@@ -1,4 +1,4 @@
-"""One benchmark configuration in its own process: `python -m compiler.bench.worker JOB.json RESULT.json`.
+"""One benchmark configuration in its own process: `python -m compiler.testing.bench.worker JOB.json RESULT.json`.
 
 Variants (what is timed; everything after the model is built):
 - eager: the module as it is;
@@ -128,10 +128,10 @@ def run_job(job: Dict[str, Any]) -> Dict[str, Any]:
         compiled_fn = torch.compile(module)  # as ComfyUI's TorchCompileModel: dynamic=None, backend "inductor"
         count = lambda: int(counters["stats"]["unique_graphs"])
     elif variant.startswith("ours_"):
-        from ..compiled_forward import CompileOptions
-        from ..diffusers_api import compile_module
-        from ..registry import GraphRegistry
-        from ..store import GraphStore
+        from ...compiled_forward import CompileOptions
+        from ...diffusers_api import compile_module
+        from ...registry import GraphRegistry
+        from ...store import GraphStore
 
         registry = GraphRegistry()
         backend = {"ours_inductor": "inductor", "ours_oneflow": "oneflow"}.get(variant, "aot")

@@ -24,7 +24,7 @@ from . import models as M
 from . import report
 from .models import DEFAULT_VARIANTS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _uptime() -> str:
@@ -60,7 +60,7 @@ def run_job(job: Dict[str, Any], work: Path, env: Dict[str, str], timeout: float
     spawned = time.time()
     with open(log_path, "w") as log:
         try:
-            process = subprocess.run([sys.executable, "-m", "compiler.bench.worker", str(job_path), str(result_path)],
+            process = subprocess.run([sys.executable, "-m", "compiler.testing.bench.worker", str(job_path), str(result_path)],
                                      cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
             code = process.returncode
         except subprocess.TimeoutExpired:

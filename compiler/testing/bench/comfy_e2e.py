@@ -17,7 +17,7 @@ step counts at the first size), and the server's peak RSS.
 
 The server listens on 127.0.0.1 only; the checkpoint is the tiny SD1.5-layout
 one the integration tests build with ComfyUI's own classes
-(tests/comfyui/kf_models.py), with random weights.
+(compiler/testing/comfy_models.py), with random weights.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-REPO = Path(__file__).resolve().parents[2]
-KF_MODELS = REPO / "tests" / "comfyui" / "kf_models.py"
+REPO = Path(__file__).resolve().parents[3]
+KF_MODELS = Path(__file__).resolve().parents[1] / "comfy_models.py"
 PACK = "keepfast"
 CHECKPOINT = "bench-sd15.safetensors"
 NODES = {"torch_compile": "TorchCompileModel", "ours_cold": "KeepFastModelSpeedup",

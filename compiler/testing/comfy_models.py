@@ -1,12 +1,14 @@
-"""Build tiny models ComfyUI's own loaders accept, with random weights, for the integration tests.
+"""Build tiny models ComfyUI's own loaders accept, with random weights: for the tests and the benchmark.
 
-Run inside ComfyUI's Python with COMFYUI_PATH set (the tests start it as a
-subprocess, so the test process never imports ComfyUI):
+A script, run inside ComfyUI's Python with COMFYUI_PATH set (the ComfyUI
+tests and the bench start it as a subprocess). Importing this module imports
+torch only: ComfyUI's classes are imported by the functions that build with
+them, so `compiler/` still never imports ComfyUI.
 
-    python kf_models.py checkpoint OUT.safetensors [--seed N]
-    python kf_models.py lora CHECKPOINT OUT.safetensors [--seed N]
-    python kf_models.py controlnet OUT.safetensors [--seed N]
-    python kf_models.py image OUT.png [--size 512] [--seed N]
+    python compiler/testing/comfy_models.py checkpoint OUT.safetensors [--seed N]
+    python compiler/testing/comfy_models.py lora CHECKPOINT OUT.safetensors [--seed N]
+    python compiler/testing/comfy_models.py controlnet OUT.safetensors [--seed N]
+    python compiler/testing/comfy_models.py image OUT.png [--size 512] [--seed N]
 
 Everything is built from ComfyUI's classes so their loaders detect it:
 - checkpoint: SD1.5 layout (detected as SD15: 320 model channels, context 768,
