@@ -156,6 +156,11 @@ class CompiledForward:
     def family_for(self, call: FlatCall) -> FamilyKey:
         return self.expected_family(call.signature.id)
 
+    def graphs(self) -> List[CompiledGraph]:
+        """The graphs in memory for this module's structure (any input structure, dtype or backend)."""
+        structure = self.structure()
+        return [graph for graph in self.registry.graphs() if graph.key.family.structure == structure]
+
     def bind(self, args: tuple, kwargs: dict) -> BoundCall:
         return self.binder.bind(args, kwargs)
 

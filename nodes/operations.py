@@ -101,7 +101,7 @@ def _stored_summary(forward: CompiledForward) -> str:
         return f"graphs folder unreadable: {error}"
     fitting = [s for _, _, s, _ in entries if s is not None and s.manifest.key.family.structure == structure]
     broken = [p for _, p, s, _ in entries if s is None]
-    in_memory = [g for g in runtime.registry().graphs() if g.key.family.structure == structure]
+    in_memory = forward.graphs()
     line = (f"{len(in_memory)} graphs in memory and {len(fitting)} stored graphs for this model structure "
             f"[{structure[:12]}] (stored ones load on first use)")
     if broken:
@@ -239,12 +239,9 @@ def _save_forward(what: str, forward: CompiledForward, calls, store: MultiRootSt
         families[forward.family_for(call).id] = call.signature.to_json()
         if result.eager:
             report.add(f"{what}: {result.describe()}")
-    structure = forward.structure()
     names = []
-    for graph in runtime.registry().graphs():
+    for graph in forward.graphs():
         family = graph.key.family
-        if family.structure != structure:
-            continue
         if not same_structure and family.id not in families:
             continue  # VAE decode and encode share a structure: each saves its own families
         if not graph.persistent:

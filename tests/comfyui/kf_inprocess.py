@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 
 
 def capture_server(utils, runtime):
@@ -121,6 +122,28 @@ def main(pack: str, base: str, checkpoint: str) -> dict:
     out["inner_wrapper_calls"] = seen
     out["chained_eager_calls"] = after["unet_eager_calls"] - before["unet_eager_calls"]
     out["chained_fallbacks"] = [m["reason"] for m in runtime.stats()["messages"] if m["kind"] == "fallback"]
+
+    # A fault inside the pack (guard extraction after export raises a KeyError nobody expects) costs
+    # speed, never the image: the sampler completes, eagerly, with the reason recorded.
+    aot = sys.modules[name + ".compiler.backends.aot"]
+    original_guards = aot._guards_from
+
+    def broken_guards(exported):
+        raise KeyError("injected fault")
+
+    aot._guards_from = broken_guards
+    try:
+        faulty = model_speedup(model, max_resolution=256, max_batch_size=1).args[0]
+        mark = time.time()
+        with torch.inference_mode():
+            (faulted,) = comfy_nodes.common_ksampler(faulty, 3, 1, 7.0, "euler", "normal", positive, negative,
+                                                     {"samples": torch.zeros(1, 4, 8, 8)})
+            (plain,) = comfy_nodes.common_ksampler(model, 3, 1, 7.0, "euler", "normal", positive, negative,
+                                                   {"samples": torch.zeros(1, 4, 8, 8)})
+    finally:
+        aot._guards_from = original_guards
+    out["fault_max_diff"] = float((faulted["samples"] - plain["samples"]).abs().max())
+    out["fault_fallbacks"] = [e.reason for e in runtime.registry().log.since(mark) if e.kind == "fallback"]
 
     # Progress and messages reach ComfyUI's ProgressBar and the page.
     import comfy.utils
