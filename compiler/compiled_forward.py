@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import torch
 
 from .backends import DEFAULT_BACKEND, BackendUnavailable, CompiledGraph, CompileFailed, get_backend
-from .backends.base import CompileDeferred, GraphMismatch, GuardsUnknown, Progress, range_failure
+from .backends.base import CannotServe, CompileDeferred, GraphMismatch, GuardsUnknown, Progress, range_failure
 from .binding import BoundCall, CallBinder, CallDoesNotBind
 from .environment import device_kind, dtype_name, torch_version
 from .flat_module import ForwardFn
@@ -89,7 +89,8 @@ def _stage(name: str) -> Iterator[None]:
     """Name the stage an unexpected exception came from (the boundary reports it)."""
     try:
         yield
-    except (_Failure, CompileDeferred, GraphMismatch, GuardsUnknown, UnsupportedCall, CallDoesNotBind):
+    except (_Failure, CompileDeferred, GraphMismatch, GuardsUnknown, UnsupportedCall, CallDoesNotBind,
+            CannotServe):
         raise
     except Exception as error:
         raise _Failure(name, error) from error
@@ -207,7 +208,8 @@ class CompiledForward:
             return self._eager(family, f"the call does not fit {self.label}'s forward ({error})", run_eager)
         except Exception as error:  # noqa: BLE001 - the boundary: never an exception of ours out of a call
             failure = error if isinstance(error, _Failure) else _Failure("serving the call", error)
-            log.warning("%s: %s", self.label, failure, exc_info=failure.error)
+            log.warning("%s: %s", self.label, failure)
+            log.debug("%s: traceback of the failure", self.label, exc_info=failure.error)
             return self._eager(family, str(failure), run_eager)
         if served is None:
             return self._eager(family, why or "no graph", run_eager)
@@ -231,6 +233,8 @@ class CompiledForward:
             except GraphMismatch as mismatch:  # the graph now knows; try the next one
                 why = str(mismatch)
                 continue
+            except CannotServe as cannot:  # expected by the backend: eager, with its reason
+                return None, f"graph {graph.key.id} cannot serve this call: {cannot}"
             return Served(output, graph.key.id, graph.origin), None
         return None, why
 
@@ -350,7 +354,8 @@ class CompiledForward:
             log.warning("%s: compile failed: %s", label, error)
             return None, f"compile failed: {error}"
         except Exception as error:  # noqa: BLE001 - the boundary: anything the compiler raises
-            log.warning("%s: compile failed unexpectedly", label, exc_info=True)
+            log.warning("%s: compile failed unexpectedly: %s: %s", label, type(error).__name__, error)
+            log.debug("%s: traceback of the failed compile", label, exc_info=True)
             return None, f"compile failed: {type(error).__name__}: {error}"
         seconds = time.perf_counter() - started
         self.registry.add(graph)
@@ -434,7 +439,8 @@ class CompiledForward:
                 results.append(self._ready(call, progress))
             except Exception as error:  # noqa: BLE001 - the boundary, as in serve()
                 failure = error if isinstance(error, _Failure) else _Failure("warming up", error)
-                log.warning("%s: %s", self.label, failure, exc_info=failure.error)
+                log.warning("%s: %s", self.label, failure)
+                log.debug("%s: traceback of the failure", self.label, exc_info=failure.error)
                 results.append(Served(None, reason=str(failure)))
         return results
 

@@ -56,6 +56,11 @@ class GraphMismatch(Exception):
     failed); the graph remembers it, and the dispatcher looks for another."""
 
 
+class CannotServe(Exception):
+    """A graph cannot serve this call, for a reason its backend expected and states (e.g. OneFlow
+    graphs whose weight memory another live module holds): the call runs eagerly with that reason."""
+
+
 class GuardsUnknown(Exception):
     """A graph's guards cannot be checked without running it here (the message says why)."""
 

@@ -41,12 +41,13 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from ..base import CannotServe
 from .convert import named_tensors
 
 log = logging.getLogger("keepfast")
 
 
-class WeightsUnavailable(RuntimeError):
+class WeightsUnavailable(CannotServe, RuntimeError):
     """The graphs' weight memory cannot take this module's weights; the message says why."""
 
 
