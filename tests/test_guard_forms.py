@@ -56,3 +56,27 @@ def test_recorded_forms_include_what_comfyui_attention_produces():
     for form in (" / ", "torch.sym_float(", "math.ceil(", " // ", " % ", " or ", ".0"):
         assert form in text, form
     assert "torch.sym_max(" in text or "max(" in text
+
+
+def test_printing_ranges_derived_sizes_and_unbounded_ranges():
+    """Sizes that are expressions of other inputs' sizes become equalities; an unbounded range has no upper guard."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+    from torch.utils._sympy.numbers import int_oo
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    from compiler.backends.export_guards import ExportedShapes, _bounds
+
+    b, h = sympy.Symbol("s0", integer=True, positive=True), sympy.Symbol("s1", integer=True, positive=True)
+    shapes = ExportedShapes(dims=[[b, 4, h], [2 * b, FloorDiv(h, 2)]],
+                            ranges={b: _bounds(ValueRanges(1, int_oo)), h: _bounds(ValueRanges(8, 64))},
+                            guard_code=["(L['flat'][0].size()[2] % 2) == 0"])
+    texts = guard_texts(shapes)
+    assert texts == [
+        "L['flat'][0].size()[0] >= 1", "L['flat'][0].size()[1] == 4", "L['flat'][0].size()[2] >= 8",
+        "L['flat'][0].size()[2] <= 64", "L['flat'][1].size()[0] == 2*L['flat'][0].size()[0]",
+        "L['flat'][1].size()[1] == L['flat'][0].size()[2] // 2", "(L['flat'][0].size()[2] % 2) == 0",
+    ], texts
+    guards = GuardSet(texts)
+    assert guards.holds([[3, 4, 10], [6, 5]]) and guards.holds([[300, 4, 10], [600, 5]])
+    assert not guards.holds([[3, 4, 10], [5, 5]]) and not guards.holds([[3, 4, 11], [6, 5]])

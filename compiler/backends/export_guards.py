@@ -56,11 +56,13 @@ def _bounds(bounds: Any) -> Tuple[int, Optional[int]]:
 
 
 def _finite(value: Any) -> bool:
+    if getattr(value, "is_finite", True) is False:  # sympy's oo and torch's int_oo
+        return False
     try:
         int(value)
-    except (TypeError, ValueError, OverflowError):
+    except Exception:  # sympy raises several kinds for values without an integer
         return False
-    return bool(getattr(value, "is_finite", True))
+    return True
 
 
 def _guard_code(ep: "Any") -> List[str]:
