@@ -82,7 +82,8 @@ def test_a_guard_the_pack_cannot_check_refuses_the_graph_when_building(monkeypat
         again = forward(torch.randn(2, 4, 16, 16))
     assert not registry.compiles
     assert out.shape == x.shape and again.shape == (2, 4, 16, 16)
-    assert float((out - module(x)).abs().max()) == 0.0
+    with torch.no_grad():
+        assert float((out - module(x)).abs().max()) == 0.0
     reasons = [event.reason for event in registry.fallbacks]
     assert reasons and "cannot check" in reasons[0] and "stride" in reasons[0], reasons
     assert "L['flat'][0].stride()[0] == 256" in reasons[0]
