@@ -70,6 +70,23 @@ def _forward_fn(module, **kwargs):
     return module._forward(transformer_options={}, **kwargs)
 
 
+# ComfyUI's split and sub-quadratic attention pick their chunking from the token count and the free
+# memory: traced, split gives a graph per latent area (h*w == 1024) and sub-quadratic one per
+# 4096-token band and memory regime. A graph computes the same attention with ComfyUI's own
+# attention_pytorch, which traces once for every shape; calls that run eager keep ComfyUI's choice.
+_CHUNKED_ATTENTION = frozenset({"attention_split", "attention_sub_quad"})
+
+
+def _graph_attention(func, *args, **kwargs):
+    pytorch = func.__globals__.get("attention_pytorch") if func.__name__ in _CHUNKED_ATTENTION else None
+    return (pytorch or func)(*args, **kwargs)
+
+
+def _traced_forward_fn(module, **kwargs):
+    """_forward_fn with ComfyUI's attention override for the torch backends (aot, inductor)."""
+    return module._forward(transformer_options={"optimized_attention_override": _graph_attention}, **kwargs)
+
+
 def unet_example_call(in_channels: int, context_dim: Optional[int], adm_channels: Optional[int], batch: int,
                       height: int, width: int, sequence: int, dtype: torch.dtype,
                       device: torch.device | str) -> Tuple[tuple, Dict[str, Any]]:
@@ -116,8 +133,9 @@ class UnetRunner:
         forward = self._forwards.get(id(module))
         if forward is None or forward.module is not module:
             label = f"{type(self.base_model).__name__} {architecture_name(module)}"
+            traced = _forward_fn if self.settings.backend == "oneflow" else _traced_forward_fn
             forward = CompiledForward(module, self.options().with_(label=label), runtime.registry(),
-                                      forward_fn=_forward_fn, binder=call_binder(module))
+                                      forward_fn=traced, binder=call_binder(module))
             self._forwards[id(module)] = forward
         return forward
 

@@ -130,3 +130,20 @@ def test_comfyui_workflow_puts_the_mode_node_before_the_sampler(mode, node):
         assert sampler["model"] == ["1", 0] and "2" not in nodes
     else:
         assert nodes["2"]["class_type"] == node and sampler["model"] == ["2", 0]
+
+
+def test_comfyui_part_runs_comfyuis_default_attention_and_reads_which_it_used(tmp_path):
+    """No attention flag unless asked (ComfyUI picks: sub-quadratic on a CPU); bench.md names what its log says."""
+    from compiler.testing.bench.comfy_e2e import ATTENTION_FLAGS, Server, picked_attention
+    from compiler.cli import build_parser
+
+    assert Server("python", tmp_path, tmp_path, {}, "log").attention_args == []
+    assert Server("python", tmp_path, tmp_path, {}, "log", "split").attention_args == ["--use-split-cross-attention"]
+    assert build_parser().parse_args(["bench", "--out", "x"]).comfy_attention == "default"
+    assert set(ATTENTION_FLAGS) == {"default", "pytorch", "split", "quad"}
+    log = ("Set vram state to: DISABLED\nDevice: cpu\nUsing sub quadratic optimization for attention, if you have "
+           "memory or speed issues try using: --use-split-cross-attention\nPython version: 3.11\n")
+    assert picked_attention(log) == "sub quadratic"
+    assert picked_attention("Using split optimization for attention\n") == "split"
+    assert picked_attention("Using pytorch attention\n") == "pytorch"
+    assert picked_attention("Device: cpu\n") is None

@@ -16,17 +16,18 @@ import re
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 import torch
 import torch.utils._pytree as pytree
 
 from ..flat_module import MODULE_PREFIX, FlatForward, dump_out_spec, load_out_spec, module_tensors
-from ..guards import GuardSet, readable, size_ref
+from ..guards import GuardSet, GuardSyntaxError, readable
 from ..keys import GraphKey
 from ..shapes import leaf_bounds
 from ..signature import FlatCall
 from .base import Backend, CompileFailed, CompiledGraph, PackageInfo, Progress, no_progress
+from .export_guards import exported_shapes, guard_texts
 
 MIN_TORCH = (2, 6)
 
@@ -36,9 +37,6 @@ PACKAGE_CONFIG = {
     "aot_inductor.package_constants_in_so": False,
     "always_keep_tensor_constants": True,
 }
-
-_SYMBOL = re.compile(r"\b[su]\d+\b")
-
 
 def _torch_at_least(version: tuple) -> bool:
     parts = re.findall(r"\d+", torch.__version__)[:2]
@@ -54,43 +52,41 @@ def _export_settings():
         yield
 
 
-def _guards_from(ep: "torch.export.ExportedProgram") -> List[str]:
-    """Turn the exported program's shapes, ranges and guards into checkable text."""
-    from torch.export.graph_signature import InputKind
-    from torch.utils._sympy.printers import PythonPrinter
+def _guards_from(ep: "torch.export.ExportedProgram", call: FlatCall) -> List[str]:
+    """The exported program's sizes, ranges and guards as text the pack checks before each call.
 
-    printer = PythonPrinter()
-    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
-    user_inputs = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
-    refs: Dict[str, str] = {}
-    pending: List[tuple] = []
-    guards: List[str] = []
-    for leaf, name in enumerate(user_inputs):
-        for dim, size in enumerate(placeholders[name].meta["val"].shape):
-            ref = size_ref(leaf, dim)
-            if isinstance(size, int):
-                guards.append(f"{ref} == {size}")
-                continue
-            expr = size.node.expr
-            if len(expr.free_symbols) == 1 and expr == next(iter(expr.free_symbols)) and str(expr) not in refs:
-                refs[str(expr)] = ref
-                bounds = ep.range_constraints.get(expr)
-                if bounds is not None:
-                    guards.append(f"{ref} >= {int(bounds.lower)}")
-                    if bounds.upper.is_finite if hasattr(bounds.upper, "is_finite") else True:
-                        try:
-                            guards.append(f"{ref} <= {int(bounds.upper)}")
-                        except (TypeError, ValueError):
-                            pass
-            else:
-                pending.append((ref, expr))
-    for ref, expr in pending:
-        text = _SYMBOL.sub(lambda m: refs.get(m.group(0), m.group(0)), printer.doprint(expr))
-        if _SYMBOL.search(text):
-            raise CompileFailed(f"cannot express the shape {expr} of an input as a guard")
-        guards.append(f"{ref} == {text}")
-    guards.extend(getattr(ep, "_guards_code", []) or [])
+    CompileFailed when one cannot be checked, or when the guards reject the
+    very call the graph was traced from: the graph is refused now, with the
+    reason, instead of a call failing on it later.
+    """
+    guards = guard_texts(exported_shapes(ep))
+    try:
+        failed = GuardSet(guards).first_failure(call.shapes)
+    except GuardSyntaxError as error:
+        raise CompileFailed(f"torch.export recorded a shape guard the pack cannot check ({error})") from None
+    if failed is not None:
+        raise CompileFailed("the graph's guard " + readable(failed, call.tensor_paths)
+                            + " does not hold for the call it was traced from; the pack cannot check it")
     return guards
+
+
+def export_program(module, forward_fn, call: FlatCall, shape_range) -> tuple:
+    """(exported program, its FlatForward): the call traced over the declared range.
+
+    The one place the aot backend traces; the guard tests export through it too.
+    """
+    from torch.export import Dim
+
+    flat = FlatForward(module, forward_fn, call)
+    roles = [t.dims for t in call.signature.tensors]
+    bounds = leaf_bounds(call.shapes, roles, shape_range)
+    dynamic = [{d: Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in b.items()} for b in bounds]
+    try:
+        with _export_settings(), torch.no_grad():
+            ep = torch.export.export(flat, (list(call.tensors),), dynamic_shapes=(dynamic,), strict=False)
+    except Exception as error:  # export failures are many and varied
+        raise CompileFailed(f"torch.export failed: {type(error).__name__}: {_first_line(error)}") from error
+    return ep, flat
 
 
 class AotGraph(CompiledGraph):
@@ -178,19 +174,9 @@ class AotBackend(Backend):
 
     def compile(self, module, forward_fn, call: FlatCall, key: GraphKey,
                 progress: Progress = no_progress) -> AotGraph:
-        from torch.export import Dim
-
-        flat = FlatForward(module, forward_fn, call)
-        roles = [t.dims for t in call.signature.tensors]
-        bounds = leaf_bounds(call.shapes, roles, key.shape_range)
-        dynamic = [{d: Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in b.items()} for b in bounds]
         progress("tracing with torch.export", 0.05)
-        try:
-            with _export_settings(), torch.no_grad():
-                ep = torch.export.export(flat, (list(call.tensors),), dynamic_shapes=(dynamic,), strict=False)
-        except Exception as error:  # export failures are many and varied
-            raise CompileFailed(f"torch.export failed: {type(error).__name__}: {_first_line(error)}") from error
-        guards = _guards_from(ep)
+        ep, flat = export_program(module, forward_fn, call, key.shape_range)
+        guards = _guards_from(ep, call)
         if flat.out_spec is None:
             raise CompileFailed("the model's output structure was not seen while tracing")
         info = PackageInfo(

@@ -128,7 +128,7 @@ def main(pack: str, base: str, checkpoint: str) -> dict:
     aot = sys.modules[name + ".compiler.backends.aot"]
     original_guards = aot._guards_from
 
-    def broken_guards(exported):
+    def broken_guards(*args):
         raise KeyError("injected fault")
 
     aot._guards_from = broken_guards

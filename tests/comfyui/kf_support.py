@@ -31,6 +31,10 @@ except ImportError:  # pragma: no cover
 HERE = Path(__file__).resolve().parent
 COMFY_MODELS = HERE.parents[1] / "compiler" / "testing" / "comfy_models.py"
 REPO = HERE.parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from compiler.testing.bench.comfy_e2e import ATTENTION_FLAGS, picked_attention  # noqa: E402  (imports no ComfyUI)
 WORKFLOWS = REPO / "workflows"
 COMFYUI_PATH = os.environ.get("COMFYUI_PATH", "")
 
@@ -131,12 +135,18 @@ class Response:
 
 
 class ComfyServer:
-    """ComfyUI's main.py as a subprocess; `run(prompt)` posts to /prompt and waits in /history."""
+    """ComfyUI's main.py as a subprocess; `run(prompt)` posts to /prompt and waits in /history.
 
-    def __init__(self, base: Path, env: Dict[str, str], extra_args: Optional[List[str]] = None):
+    `attention` is a key of ATTENTION_FLAGS ("default": no flag, ComfyUI picks); the suite's other
+    tests run with pytorch attention, the one NVIDIA users get.
+    """
+
+    def __init__(self, base: Path, env: Dict[str, str], extra_args: Optional[List[str]] = None,
+                 attention: str = "pytorch"):
         self.base = Path(base)
         self.env = env
         self.extra_args = extra_args or []
+        self.attention_args = ATTENTION_FLAGS[attention]
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: Optional[subprocess.Popen] = None
@@ -152,7 +162,7 @@ class ComfyServer:
         log = open(self.log_path, "w")
         self.process = subprocess.Popen(
             [PYTHON, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port), "--base-directory",
-             str(self.base), "--use-pytorch-cross-attention", *self.extra_args],
+             str(self.base), *self.attention_args, *self.extra_args],
             cwd=COMFYUI_PATH, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         log.close()
         started = time.time()

@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "which needs OneFlow's Python 3.10 environment)")
     parser.add_argument("--reps", type=int, default=None, help="timed eager/compiled pairs per shape (default 11 with --quick, else 5)")
     parser.add_argument("--no-comfy", action="store_true", help="skip the ComfyUI part even with COMFYUI_PATH set")
+    parser.add_argument("--comfy-attention", default="default", choices=("default", "pytorch", "split", "quad"),
+                        help="ComfyUI's attention flag for the ComfyUI part (default: none, ComfyUI picks; "
+                             "sub-quadratic on a CPU)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, caches, graphs)")
     parser.add_argument("--job-timeout", type=float, default=None, help="seconds per configuration")
 
@@ -53,7 +56,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     dtype = args.dtype or ("fp16" if str(args.device).startswith("cuda") else "fp32")
     return run_bench(Path(args.out), quick=args.quick, device=args.device, dtype=dtype, models=args.models,
                      variants=args.variants, reps=args.reps, comfy=not args.no_comfy, keep=args.keep,
-                     job_timeout=args.job_timeout)
+                     job_timeout=args.job_timeout, comfy_attention=args.comfy_attention)
 
 
 __all__ = ["add_arguments", "run_from_args", "VARIANT_NAMES"]

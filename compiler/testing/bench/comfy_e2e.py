@@ -18,12 +18,17 @@ step counts at the first size), and the server's peak RSS.
 The server listens on 127.0.0.1 only; the checkpoint is the tiny SD1.5-layout
 one the integration tests build with ComfyUI's own classes
 (compiler/testing/comfy_models.py), with random weights.
+
+ComfyUI runs with the attention a user gets without flags (`--comfy-attention
+default`: ComfyUI picks, the sub-quadratic one on a CPU) unless another is
+asked for; the attention ComfyUI reported in its log goes into bench.md.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -44,6 +49,23 @@ NODES = {"torch_compile": "TorchCompileModel", "ours_cold": "KeepFastModelSpeedu
 LABELS = {"none": "no speedup node (eager)", "torch_compile": "TorchCompileModel (inductor)",
           "ours_cold": "KeepFastModelSpeedup, cold (compiles, saves graphs)",
           "ours_restart": "KeepFastModelSpeedup after a restart (saved graphs)"}
+
+# ComfyUI's attention flags. "default" passes none: ComfyUI picks (sub-quadratic on a CPU, pytorch on
+# NVIDIA). The integration tests start their servers with these too (tests/comfyui/kf_support.py).
+ATTENTION_FLAGS = {
+    "default": [],
+    "pytorch": ["--use-pytorch-cross-attention"],
+    "split": ["--use-split-cross-attention"],
+    "quad": ["--use-quad-cross-attention"],
+}
+_PICKED = re.compile(r"^Using (.+?) (?:optimization for )?attention", re.IGNORECASE | re.MULTILINE)
+
+
+def picked_attention(log_text: str) -> Optional[str]:
+    """The attention ComfyUI says it uses ("sub quadratic", "split", "pytorch", ...), from its start-up log."""
+    found = _PICKED.search(log_text)
+    return found.group(1) if found else None
+
 
 COUNTER_NODE = '''"""Written by KeepFast's benchmark into a temporary ComfyUI folder: Dynamo's counters over HTTP."""
 from aiohttp import web
@@ -80,8 +102,10 @@ def _free_port() -> int:
 class Server:
     """ComfyUI's main.py on 127.0.0.1 with --cpu and a --base-directory of our own."""
 
-    def __init__(self, python: str, root: Path, base: Path, env: Dict[str, str], log_name: str):
+    def __init__(self, python: str, root: Path, base: Path, env: Dict[str, str], log_name: str,
+                 attention: str = "default"):
         self.python, self.root, self.base, self.env = python, root, base, env
+        self.attention_args = ATTENTION_FLAGS[attention]
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = base / f"{log_name}.log"
@@ -91,7 +115,7 @@ class Server:
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
                 [self.python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
-                 "--base-directory", str(self.base), "--use-pytorch-cross-attention"],
+                 "--base-directory", str(self.base), *self.attention_args],
                 cwd=str(self.root), stdout=log, stderr=subprocess.STDOUT, env=self.env)
         started = time.time()
         while time.time() - started < timeout:
@@ -123,6 +147,12 @@ class Server:
         except (OSError, AttributeError):
             pass
         return None
+
+    def picked_attention(self) -> Optional[str]:
+        try:
+            return picked_attention(self.log_path.read_text(errors="replace"))
+        except OSError:
+            return None
 
     def log_tail(self, lines: int = 25) -> str:
         try:
@@ -284,7 +314,7 @@ def _run_mode(mode: str, server: Server, config: Dict[str, Any], speedup: dict, 
     return out
 
 
-def run_comfy(work: Path, quick: bool = False, keep: bool = False) -> Dict[str, Any]:
+def run_comfy(work: Path, quick: bool = False, keep: bool = False, attention: str = "default") -> Dict[str, Any]:
     path = os.environ.get("COMFYUI_PATH")
     if not path:
         return {"run": False, "why": "COMFYUI_PATH is not set (point it at a ComfyUI checkout with its own venv)"}
@@ -295,8 +325,9 @@ def run_comfy(work: Path, quick: bool = False, keep: bool = False) -> Dict[str, 
         return {"run": False, "why": f"{KF_MODELS} (builds the checkpoint with ComfyUI's classes) is missing"}
     python = comfyui_python(root)
     config = settings(quick)
+    flags = ATTENTION_FLAGS[attention]
     print(f"ComfyUI end to end ({root}, {python}): sizes {config['sizes']} x batches {config['batches']}, "
-          f"{config['steps']} steps", flush=True)
+          f"{config['steps']} steps, attention flags: {' '.join(flags) or 'none (ComfyUI picks)'}", flush=True)
     try:
         base = _prepare(work, python, root)
     except (subprocess.SubprocessError, OSError) as error:
@@ -314,6 +345,7 @@ def run_comfy(work: Path, quick: bool = False, keep: bool = False) -> Dict[str, 
                         f"steps. Each mode in a freshly started ComfyUI with an empty Inductor cache. Only the "
                         f"diffusion model is compiled in every mode (the VAE runs eager)."),
         "modes": [],
+        "attention": {"flags": flags, "picked": None},
     }
     trust = work / "comfy-trust.json"
     for index, mode in enumerate(("none", "torch_compile", "ours_cold", "ours_restart")):
@@ -323,7 +355,7 @@ def run_comfy(work: Path, quick: bool = False, keep: bool = False) -> Dict[str, 
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "KEEPFAST_TRUST_FILE": str(trust),
                "PYTHONUNBUFFERED": "1"}
         mode_speedup = {**speedup, "save_compiled": mode == "ours_cold"}
-        server = Server(python, root, base, env, f"server-{mode}")
+        server = Server(python, root, base, env, f"server-{mode}", attention)
         try:
             entry = _run_mode(mode, server, config, mode_speedup, seed0=1000 * (index + 1))
         except Exception as error:  # record it and go on with the next mode
@@ -331,6 +363,8 @@ def run_comfy(work: Path, quick: bool = False, keep: bool = False) -> Dict[str, 
                      "log_tail": server.log_tail()}
         finally:
             server.stop()
+        entry["attention"] = server.picked_attention()
+        result["attention"]["picked"] = result["attention"]["picked"] or entry["attention"]
         if mode.startswith("ours") and not entry.get("error"):
             counters = entry.get("counters", {})
             entry["note"] = (f"unet graph calls {counters.get('keepfast_unet_graph_calls')}, eager calls "
@@ -341,4 +375,7 @@ def run_comfy(work: Path, quick: bool = False, keep: bool = False) -> Dict[str, 
         line = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in entry.items()
                 if k in ("start_to_first_image_s", "first_prompt_s", "sweep_wall_s", "compiles", "steady_it_s", "error")}
         print(f"  comfyui/{mode}: {line}", flush=True)
+    picked = result["attention"]["picked"]
+    result["description"] += (f" Attention: ComfyUI started with {' '.join(flags) or 'no attention flag'}; its log "
+                              f"says it used {picked + ' attention' if picked else 'an attention it did not name'}.")
     return result

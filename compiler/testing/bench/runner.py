@@ -98,7 +98,8 @@ def _line(result: Dict[str, Any]) -> str:
 
 def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str = "fp32",
               models: Sequence[str] = M.MODELS, variants: Sequence[str] = DEFAULT_VARIANTS, reps: Optional[int] = None,
-              comfy: bool = True, keep: bool = False, job_timeout: Optional[float] = None) -> int:
+              comfy: bool = True, keep: bool = False, job_timeout: Optional[float] = None,
+              comfy_attention: str = "default") -> int:
     profile = "quick" if quick else "full"
     reps = reps or (11 if quick else 5)  # quick calls take milliseconds: more pairs for the same time
     job_timeout = job_timeout or (1800.0 if quick else 7200.0)
@@ -155,7 +156,7 @@ def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str
     if comfy:
         from .comfy_e2e import run_comfy
 
-        comfy_result = run_comfy(work, quick=quick, keep=keep)
+        comfy_result = run_comfy(work, quick=quick, keep=keep, attention=comfy_attention)
     else:
         comfy_result = {"run": False, "why": "--no-comfy was given"}
     meta["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
