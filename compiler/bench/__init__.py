@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .models import DEFAULT_VARIANTS, MODELS
+from .models import COMFY_MODES, DEFAULT_VARIANTS, MODELS
 from .models import VARIANTS as VARIANT_NAMES
 
 
@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "which needs OneFlow's Python 3.10 environment)")
     parser.add_argument("--reps", type=int, default=None, help="timed eager/compiled pairs per shape (default 11 with --quick, else 5)")
     parser.add_argument("--no-comfy", action="store_true", help="skip the ComfyUI part even with COMFYUI_PATH set")
+    parser.add_argument("--comfy-modes", type=lambda t: _names(t, COMFY_MODES), default=list(COMFY_MODES),
+                        help=f"comma-separated subset of the ComfyUI modes {','.join(COMFY_MODES)} "
+                             "(ours_restart and ours_fresh read the graphs ours_cold saves)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, caches, graphs)")
     parser.add_argument("--job-timeout", type=float, default=None, help="seconds per configuration")
 
@@ -53,6 +56,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     dtype = args.dtype or ("fp16" if str(args.device).startswith("cuda") else "fp32")
     return run_bench(Path(args.out), quick=args.quick, device=args.device, dtype=dtype, models=args.models,
                      variants=args.variants, reps=args.reps, comfy=not args.no_comfy, keep=args.keep,
+                     comfy_modes=args.comfy_modes,
                      job_timeout=args.job_timeout)
 
 
