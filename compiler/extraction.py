@@ -80,6 +80,8 @@ class _Run:
                 (folder / name).mkdir(mode=0o700)
             except OSError as error:
                 os.close(fd)
+                for path in (new, folder / (name + LOCK_SUFFIX)):  # this attempt's own names only
+                    path.unlink(missing_ok=True)
                 last = error
                 continue
             self.pid = os.getpid()

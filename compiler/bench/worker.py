@@ -168,7 +168,7 @@ def run_job(job: Dict[str, Any]) -> Dict[str, Any]:
         result["steady_static"] = _steady(timed, eager_fn, compiled_fn, [base], reps, count)
 
     if variant in ("torch_compile_warm", "ours_aot_fresh"):  # only their first call is of interest
-        return _finish(result, variant, count, registry, None, watcher, job, cuda)
+        return _finish(result, variant, count, registry, wrapper, watcher, job, cuda)
 
     # -- static-shape graphs: the sweep's and steady shapes declared and warmed up before the sweep
     if variant == "ours_oneflow":
