@@ -125,7 +125,7 @@ def test_saved_graphs_record_what_they_need_of_the_machine(saved_pipe):
     (lambda n: n["cpu_features"].append("keepfast_test_instruction"), "keepfast_test_instruction"),
     (lambda n: n.update(machine="aarch64" if machine_fit.machine() != "aarch64" else "x86_64"), "CPUs"),
     (lambda n: n.update(device="cuda", compute_capability="990"), "GPU"),
-])
+], ids=["cpu-instruction", "cpu-architecture", "gpu"])
 def test_a_graph_this_machine_cannot_run_is_refused_before_it_is_loaded(saved_pipe, tmp_path, monkeypatch,
                                                                          edit, reason):
     folder = _copy_store(saved_pipe, tmp_path)
@@ -144,9 +144,9 @@ def test_a_graph_this_machine_cannot_run_is_refused_before_it_is_loaded(saved_pi
 
 
 def test_format_1_manifests_still_load_and_a_newer_format_is_refused_by_name(saved_pipe, tmp_path):
+    from compiler.diffusers_api import compiled_parts
     from compiler.tiny_models import tiny_sd_pipeline
     from tests.support.inputs import unet_sweep_worst_difference
-    from compiler.diffusers_api import compiled_parts
 
     folder = _copy_store(saved_pipe, tmp_path)
     paths = _edit_manifests(folder, lambda data: (data.update(format_version=1), data.pop("needs")))
