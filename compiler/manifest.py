@@ -4,7 +4,11 @@ JSON only: nothing in a graph store is ever unpickled. The manifest carries
 the full key (so a graph is refused on another torch version, device kind,
 dtype, backend or model structure, naming the field), the package's sha256
 (checked before the package is read as code), the shape guards and the
-output layout needed to serve calls without tracing anything again.
+output layout needed to serve calls without tracing anything again, and
+(format 2) what the package needs of the machine that loads it: OS, CPU
+architecture and instructions, GPU architecture (compiler/machine_fit.py).
+Format 1 manifests are still read; their packages are checked against the
+vector ISA the package itself names.
 """
 
 from __future__ import annotations
@@ -22,12 +26,19 @@ from .shapes import ShapeRange
 from .version import __version__
 
 FORMAT = "keepfast-graph"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: before "needs"
 MANIFEST_SUFFIX = ".json"
 
 
 class ManifestError(ValueError):
     """A manifest is unreadable or not ours; the message says why."""
+
+
+def _needs(value: Any) -> Dict[str, Any]:
+    if not isinstance(value, dict) or not isinstance(value.get("cpu_features", []), list):
+        raise ValueError("'needs' is not a mapping with a list of cpu_features")
+    return dict(value)
 
 
 @dataclass
@@ -61,6 +72,7 @@ class Manifest:
             "out_spec": self.info.out_spec,
             "constant_names": self.info.constant_names,
             "input_paths": self.info.input_paths,
+            "needs": self.info.needs,
             "signature": self.signature,
             "created": self.created,
             "created_on": self.created_on,
@@ -76,8 +88,9 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ManifestError("not a graph manifest")
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
-            raise ManifestError(f"manifest format {version}, this pack reads format {FORMAT_VERSION}")
+        if version not in READABLE_VERSIONS:
+            raise ManifestError(f"manifest format {version}, this pack reads formats "
+                                f"{', '.join(map(str, READABLE_VERSIONS))} (written by a newer KeepFast?)")
         try:
             key = GraphKey(FamilyKey.from_json(data["family"]), ShapeRange.from_json(data["shape_range"]),
                            str(data.get("variant", "")))
@@ -92,6 +105,7 @@ class Manifest:
                     out_spec=data.get("out_spec"),
                     constant_names=[str(n) for n in data["constant_names"]],
                     input_paths=[str(p) for p in data.get("input_paths", [])],
+                    needs=_needs(data.get("needs") if version >= 2 else {}),
                 ),
                 signature=dict(data.get("signature") or {}),
                 created=str(data.get("created", "")),
@@ -128,6 +142,7 @@ class Manifest:
             "shape_range": self.key.shape_range.to_json(),
             "inputs": [t.get("path") for t in self.signature.get("tensors", [])],
             "bytes": self.package_bytes,
+            "needs": self.info.needs,
             "created": self.created,
             "origin": self.origin,
         }

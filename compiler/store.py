@@ -22,8 +22,10 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 from .atomic import TEMP_PREFIX, sha256_bytes, sha256_file, write_bytes
 from .backends import get_backend
 from .backends.base import CompiledGraph
+from .extraction import run_folder
 from .guards import GuardSet, GuardSyntaxError
 from .keys import FamilyKey
+from .machine_fit import CannotRunHere
 from .manifest import MANIFEST_SUFFIX, Manifest, ManifestError
 from .signature import FlatCall
 from .trust import TrustList
@@ -209,6 +211,8 @@ class GraphStore:
         try:
             backend = get_backend(manifest.key.family.backend)
             return backend.load_bytes(data, manifest.key, manifest.info)
+        except CannotRunHere as error:  # checked before the package's library is loaded
+            raise GraphRefused(f"graph {stored.name} cannot run on this machine: {error}") from None
         except Exception as error:  # a package that verifies but will not load
             raise GraphRefused(f"graph {stored.name} failed to load: {type(error).__name__}: {error}") from None
 
@@ -222,7 +226,7 @@ class GraphStore:
         suffix = get_backend(family.backend).package_suffix
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(prefix="keepfast-save-") as scratch:
+            with tempfile.TemporaryDirectory(prefix="keepfast-save-", dir=run_folder()) as scratch:
                 scratch_path = Path(scratch) / "package"
                 info = graph.write_package(scratch_path)
                 data = scratch_path.read_bytes()

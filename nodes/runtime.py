@@ -44,6 +44,8 @@ def setup() -> None:
     from . import oneflow_comfy
 
     with _lock:
+        if not _state["setup"]:
+            _sweep_leftovers()
         register_graphs_folder()
         oneflow_comfy.register()
         if not _state["listener"]:
@@ -52,6 +54,19 @@ def setup() -> None:
         if not _state["route"]:
             _state["route"] = _register_route()
         _state["setup"] = True
+
+
+def _sweep_leftovers() -> None:
+    """Remove what stopped ComfyUI processes left in TMPDIR (SIGTERM, SIGKILL), at start, not at first load."""
+    from ..compiler import extraction
+
+    try:
+        swept = extraction.sweep()
+    except OSError as error:  # a tidy TMPDIR is a nicety; starting must not fail on it
+        log.warning("[KeepFast] could not sweep earlier processes' graph folders: %s", error)
+        return
+    if swept:
+        log.info("[KeepFast] removed %d graph folders left by stopped processes", len(swept))
 
 
 def register_graphs_folder() -> List[str]:

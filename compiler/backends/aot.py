@@ -6,21 +6,32 @@ whichever module's tensors it should use (bind before the first call: an
 unbound package crashes the process). Export records the shape guards the
 graph relies on; the AOTInductor runtime does not check them, so the guards
 travel in the manifest and are checked before each call.
+
+Loading needs no C++ compiler and no Inductor cache: the package is unpacked
+into the pack's own folder (compiler/extraction.py) and handed to torch's
+package loader directly, below `torch._inductor.aoti_load_package`, whose
+`load_pt2` probes the CPU's vector ISA with a C++ compiler only to warn when
+it differs from the package's. What the package needs of the machine is
+checked by the pack instead, from the manifest, before the library is loaded
+(compiler/machine_fit.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, List, Optional
 
 import torch
 import torch.utils._pytree as pytree
 
+from .. import extraction, machine_fit
 from ..flat_module import MODULE_PREFIX, FlatForward, dump_out_spec, load_out_spec, module_tensors
 from ..guards import GuardSet, GuardSyntaxError, readable
 from ..keys import GraphKey
@@ -102,13 +113,23 @@ class AotGraph(CompiledGraph):
         self._names = list(info.constant_names)
         self._lock = threading.Lock()
         self._bound: Optional[tuple] = None
-        self._runner = _load_runner(package_bytes)
-        expected = set(self._runner.get_constant_fqns())
-        if expected != set(self._names):
-            raise CompileFailed(
-                "the package's weight names do not match its manifest "
-                f"({len(expected)} in the package, {len(self._names)} in the manifest)"
-            )
+        # The unpacked package lives as long as this graph (CUDA kernels are read from it lazily).
+        folder = extraction.extract(package_bytes, key.id[:16])
+        self._remove_files = weakref.finalize(self, extraction.remove, folder)
+        try:
+            # Manifests written before needs were recorded: the package's own metadata says the ISA.
+            machine_fit.check(info.needs or machine_fit.needs_of_package(_package_metadata(folder)))
+            self._runner = _load_runner(folder, package_bytes)
+            expected = set(self._runner.get_constant_fqns())
+            if expected != set(self._names):
+                raise CompileFailed(
+                    "the package's weight names do not match its manifest "
+                    f"({len(expected)} in the package, {len(self._names)} in the manifest)"
+                )
+        except BaseException:
+            self._runner = None
+            self._remove_files()
+            raise
 
     @property
     def nbytes(self) -> int:
@@ -150,13 +171,43 @@ class AotGraph(CompiledGraph):
         return self.info
 
 
-def _load_runner(package_bytes: bytes):
-    """Load from a private copy: the bytes were verified, a path could change."""
-    with tempfile.TemporaryDirectory(prefix="keepfast-load-") as folder:
-        path = os.path.join(folder, "graph.pt2")
-        with open(path, "wb") as handle:
-            handle.write(package_bytes)
-        return torch._inductor.aoti_load_package(path)
+def _package_metadata(folder: Path) -> Dict[str, str]:
+    """The AOTI_* metadata torch wrote into an unpacked package (platform, machine, ISA, device)."""
+    found = sorted(folder.glob("*/data/aotinductor/model/*_metadata.json"))
+    found.sort(key=lambda p: not p.name.endswith("wrapper_metadata.json"))  # the one torch's loader reads
+    if not found:
+        raise CompileFailed("the package has no AOTInductor model metadata (not an AOTInductor package?)")
+    return {str(k): str(v) for k, v in json.loads(found[0].read_text()).items()}
+
+
+def _new_loader(path: str):
+    """torch._C._aoti.AOTIModelPackageLoader; its arguments grew over torch versions."""
+    loader_class = torch._C._aoti.AOTIModelPackageLoader
+    for args in (("model", False, 1, -1), ("model", False, 1), ("model", False)):
+        try:
+            return loader_class(path, *args)
+        except TypeError:
+            continue
+    return loader_class(path, "model")
+
+
+def _load_runner(folder: Path, package_bytes: bytes):
+    """Load an unpacked package (verified bytes, in the pack's own folder) without probing the CPU.
+
+    torch >= 2.13 loads the unpacked folder in place; an older torch loads only
+    a .pt2 file and unpacks it again into a folder of its own.
+    """
+    from torch._inductor.package.package import AOTICompiledModel
+
+    try:
+        loader = _new_loader(str(folder))
+    except RuntimeError as error:
+        if "zip" not in str(error).lower():
+            raise
+        path = folder / "graph.pt2"
+        path.write_bytes(package_bytes)
+        loader = _new_loader(str(path))
+    return AOTICompiledModel(loader)
 
 
 class AotBackend(Backend):
@@ -185,17 +236,24 @@ class AotBackend(Backend):
             input_paths=call.tensor_paths,
         )
         progress("compiling with AOTInductor", 0.3)
-        with tempfile.TemporaryDirectory(prefix="keepfast-aoti-") as folder:
+        march = machine_fit.build_march()  # a named CPU level, so the graph runs on every CPU of that level
+        configs = {**PACKAGE_CONFIG, **({"cpp.march": march} if march else {})}
+        with tempfile.TemporaryDirectory(prefix="keepfast-aoti-", dir=extraction.run_folder()) as folder:
             target = os.path.join(folder, "graph.pt2")
             try:
-                torch._inductor.aoti_compile_and_package(ep, package_path=target, inductor_configs=PACKAGE_CONFIG)
+                torch._inductor.aoti_compile_and_package(ep, package_path=target, inductor_configs=configs)
             except Exception as error:
                 raise CompileFailed(f"AOTInductor failed: {type(error).__name__}: {_first_line(error)}") from error
             package = Path(target).read_bytes()
         progress("loading the compiled package", 0.95)
-        runner = _load_runner(package)
-        info.constant_names = sorted(runner.get_constant_fqns())
-        del runner
+        folder = extraction.extract(package, "compiled")
+        try:
+            info.needs = machine_fit.needs_of_package(_package_metadata(folder), march, built_here=True)
+            runner = _load_runner(folder, package)
+            info.constant_names = sorted(runner.get_constant_fqns())
+            del runner
+        finally:
+            extraction.remove(folder)
         return AotGraph(key.with_variant(guards), package, info, origin="compiled")
 
     def load_bytes(self, package_bytes: bytes, key: GraphKey, info: PackageInfo) -> AotGraph:

@@ -78,6 +78,8 @@ class PackageInfo:
     constant_names: List[str] = field(default_factory=list)
     input_paths: List[str] = field(default_factory=list)
     extra: Dict[str, Any] = field(default_factory=dict)
+    # What the package needs of the machine that loads it (compiler/machine_fit.py); empty if unknown.
+    needs: Dict[str, Any] = field(default_factory=dict)
 
 
 class CompiledGraph(ABC):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .models import DEFAULT_VARIANTS, MODELS
+from .models import COMFY_MODES, DEFAULT_VARIANTS, MODELS
 from .models import VARIANTS as VARIANT_NAMES
 
 
@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--comfy-attention", default="default", choices=("default", "pytorch", "split", "quad"),
                         help="ComfyUI's attention flag for the ComfyUI part (default: none, ComfyUI picks; "
                              "sub-quadratic on a CPU)")
+    parser.add_argument("--comfy-modes", type=lambda t: _names(t, COMFY_MODES), default=list(COMFY_MODES),
+                        help=f"comma-separated subset of the ComfyUI modes {','.join(COMFY_MODES)} "
+                             "(ours_restart and ours_fresh read the graphs ours_cold saves)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, caches, graphs)")
     parser.add_argument("--job-timeout", type=float, default=None, help="seconds per configuration")
 
@@ -56,6 +59,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     dtype = args.dtype or ("fp16" if str(args.device).startswith("cuda") else "fp32")
     return run_bench(Path(args.out), quick=args.quick, device=args.device, dtype=dtype, models=args.models,
                      variants=args.variants, reps=args.reps, comfy=not args.no_comfy, keep=args.keep,
+                     comfy_modes=args.comfy_modes,
                      job_timeout=args.job_timeout, comfy_attention=args.comfy_attention)
 
 

@@ -8,7 +8,11 @@ Inductor cache folder:
 - torch_compile: ComfyUI's own TorchCompileModel node (backend inductor) on the model;
 - ours_cold: KeepFastModelSpeedup on the model, saving each graph it compiles;
 - ours_restart: ComfyUI started again, the same workflow: the speedup node
-  finds the saved graphs.
+  finds the saved graphs;
+- ours_fresh: the same restart on a "fresh machine" (fresh_machine.py: empty
+  TMPDIR and Inductor cache, a C++ compiler that records calls and fails),
+  up to the first image only; it says which compilers were called and what of
+  the pack's was left in TMPDIR after the server was stopped (SIGTERM).
 Measured per mode: server start to first image, the first prompt, the sweep,
 compiles (ours: the pack's /keepfast/stats; torch.compile: Dynamo's graph
 counter read through a small route this module installs in the temporary
@@ -40,15 +44,21 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from .fresh_machine import FreshMachine
+from .models import COMFY_MODES as MODES
+
 REPO = Path(__file__).resolve().parents[3]
 KF_MODELS = Path(__file__).resolve().parents[1] / "comfy_models.py"
 PACK = "keepfast"
 CHECKPOINT = "bench-sd15.safetensors"
 NODES = {"torch_compile": "TorchCompileModel", "ours_cold": "KeepFastModelSpeedup",
-         "ours_restart": "KeepFastModelSpeedup"}
+         "ours_restart": "KeepFastModelSpeedup", "ours_fresh": "KeepFastModelSpeedup"}
 LABELS = {"none": "no speedup node (eager)", "torch_compile": "TorchCompileModel (inductor)",
           "ours_cold": "KeepFastModelSpeedup, cold (compiles, saves graphs)",
-          "ours_restart": "KeepFastModelSpeedup after a restart (saved graphs)"}
+          "ours_restart": "KeepFastModelSpeedup after a restart (saved graphs)",
+          "ours_fresh": "KeepFastModelSpeedup after a restart on a fresh machine (empty TMPDIR and Inductor cache, "
+                        "no C++ compiler; first image only)"}
+PACK_TMP_PREFIXES = ("keepfast-", "aotinductor_")  # the pack's folder, torch's own unpacking folders
 
 # ComfyUI's attention flags. "default" passes none: ComfyUI picks (sub-quadratic on a CPU, pytorch on
 # NVIDIA). The integration tests start their servers with these too (tests/comfyui/kf_support.py).
@@ -257,7 +267,8 @@ def _prepare(work: Path, python: str, root: Path) -> Path:
     return base
 
 
-def _run_mode(mode: str, server: Server, config: Dict[str, Any], speedup: dict, seed0: int) -> Dict[str, Any]:
+def _run_mode(mode: str, server: Server, config: Dict[str, Any], speedup: dict, seed0: int,
+              first_only: bool = False) -> Dict[str, Any]:
     out: Dict[str, Any] = {"mode": mode, "label": LABELS[mode]}
     spawned = time.time()
     server.start()
@@ -278,6 +289,12 @@ def _run_mode(mode: str, server: Server, config: Dict[str, Any], speedup: dict, 
             out["first_prompt_s"] = seconds
             out["start_to_first_image_s"] = time.time() - spawned
             out["compiles_first_image"] = (server.compiles(mode).get("compiles") or 0) - (before.get("compiles") or 0)
+            if first_only:
+                final = server.compiles(mode)
+                out["counters"] = final
+                out["compiles"] = out["compiles_first_image"]
+                out["peak_rss_mb"] = server.peak_rss_mb()
+                return out
     out["sweep"] = times
     out["sweep_wall_s"] = sum(t["s"] for t in times)
     after_sweep = server.compiles(mode)
@@ -314,7 +331,8 @@ def _run_mode(mode: str, server: Server, config: Dict[str, Any], speedup: dict, 
     return out
 
 
-def run_comfy(work: Path, quick: bool = False, keep: bool = False, attention: str = "default") -> Dict[str, Any]:
+def run_comfy(work: Path, quick: bool = False, keep: bool = False, modes=MODES,
+              attention: str = "default") -> Dict[str, Any]:
     path = os.environ.get("COMFYUI_PATH")
     if not path:
         return {"run": False, "why": "COMFYUI_PATH is not set (point it at a ComfyUI checkout with its own venv)"}
@@ -348,16 +366,22 @@ def run_comfy(work: Path, quick: bool = False, keep: bool = False, attention: st
         "attention": {"flags": flags, "picked": None},
     }
     trust = work / "comfy-trust.json"
-    for index, mode in enumerate(("none", "torch_compile", "ours_cold", "ours_restart")):
+    for index, mode in enumerate(MODES):
+        if mode not in modes:
+            continue
         cache = work / f"comfy-cache-{mode}"
         shutil.rmtree(cache, ignore_errors=True)
         cache.mkdir(parents=True)
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "KEEPFAST_TRUST_FILE": str(trust),
                "PYTHONUNBUFFERED": "1"}
+        machine = FreshMachine(work / "comfy-fresh-machine").setup() if mode == "ours_fresh" else None
+        if machine is not None:
+            env = machine.env(env)
         mode_speedup = {**speedup, "save_compiled": mode == "ours_cold"}
         server = Server(python, root, base, env, f"server-{mode}", attention)
         try:
-            entry = _run_mode(mode, server, config, mode_speedup, seed0=1000 * (index + 1))
+            entry = _run_mode(mode, server, config, mode_speedup, seed0=1000 * (index + 1),
+                              first_only=machine is not None)
         except Exception as error:  # record it and go on with the next mode
             entry = {"mode": mode, "label": LABELS[mode], "error": f"{type(error).__name__}: {str(error)[:1500]}",
                      "log_tail": server.log_tail()}
@@ -365,10 +389,18 @@ def run_comfy(work: Path, quick: bool = False, keep: bool = False, attention: st
             server.stop()
         entry["attention"] = server.picked_attention()
         result["attention"]["picked"] = result["attention"]["picked"] or entry["attention"]
+        if machine is not None:
+            entry["compiler_calls"] = machine.compiler_calls()
+            entry["pack_files_in_tmpdir_after_sigterm"] = [
+                name for name in machine.tmpdir_entries() if name.split("/")[0].startswith(PACK_TMP_PREFIXES)]
         if mode.startswith("ours") and not entry.get("error"):
             counters = entry.get("counters", {})
             entry["note"] = (f"unet graph calls {counters.get('keepfast_unet_graph_calls')}, eager calls "
                              f"{counters.get('keepfast_unet_eager_calls')}, loads {counters.get('keepfast_loads')}")
+            if machine is not None:
+                entry["note"] += (f"; compiler calls {len(entry['compiler_calls'])}; files of the pack in TMPDIR "
+                                  f"after SIGTERM {len(entry['pack_files_in_tmpdir_after_sigterm'])} (swept by the "
+                                  f"next start)")
         if mode == "torch_compile" and not entry.get("error"):
             entry["note"] = "compiles = Dynamo graphs compiled in the server process"
         result["modes"].append(entry)

@@ -23,10 +23,11 @@ Shape = Tuple[int, int, int]  # (batch, latent height, latent width)
 
 MODELS = ("sd15", "sdxl", "vae")
 VARIANTS = ("eager", "torch_compile", "torch_compile_warm", "ours_inductor", "ours_aot_cold", "ours_aot_load",
-            "ours_oneflow")
+            "ours_aot_fresh", "ours_oneflow")
 # ours_oneflow runs only where OneFlow imports (a Python 3.10 environment): asked for by name.
 DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v != "ours_oneflow")
 PROFILES = ("quick", "full")
+COMFY_MODES = ("none", "torch_compile", "ours_cold", "ours_restart", "ours_fresh")  # comfy_e2e.py's modes
 
 # The real configs (diffusers' config.json of each checkpoint, defaults left out).
 SD15_UNET = dict(

@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterable, List, Optional
 HEADLINE_MODEL = "sd15"
 HEADLINE_OURS = "ours_aot_load"  # the default backend, as a user runs it after graphs are saved
 COMPILED = ("torch_compile", "ours_inductor", "ours_aot_load", "ours_oneflow")
-OURS = ("ours_inductor", "ours_aot_cold", "ours_aot_load", "ours_oneflow")
+OURS = ("ours_inductor", "ours_aot_cold", "ours_aot_load", "ours_aot_fresh", "ours_oneflow")
 LABELS = {
     "eager": "eager",
     "torch_compile": "torch.compile (as TorchCompileModel)",
@@ -29,6 +29,8 @@ LABELS = {
     "ours_inductor": "ours, inductor backend",
     "ours_aot_cold": "ours, aot backend, cold compile",
     "ours_aot_load": "ours, aot backend, loaded from disk in a fresh process",
+    "ours_aot_fresh": "ours, aot backend, loaded in a fresh process on a fresh machine (empty TMPDIR and "
+                      "Inductor cache, no C++ compiler)",
     "ours_oneflow": "ours, oneflow backend (graphs per shape, warmed up)",
 }
 SHORT = {"torch_compile": "torch.compile", "ours_inductor": "ours (inductor)", "ours_aot_cold": "ours (aot, cold)",
@@ -42,6 +44,13 @@ TARGETS = {
                                       "torch.compile's cold compile (SD1.5-shaped UNet)", "<=", 0.10),
     "sweep_compiles_ours_all": ("zero compiles over the sweep after the declared range is compiled "
                                 "(every model, every one of our variants)", "==", 0),
+    "restart_fresh_vs_cold_compile_ratio": ("restart-to-first-result on a fresh machine (empty TMPDIR and "
+                                            "Inductor cache, no compiler) at most 10% of plain torch.compile's "
+                                            "cold compile (SD1.5-shaped UNet)", "<=", 0.10),
+    "restart_fresh_process_over_eager_s": ("process start to first result on a fresh machine at most eager's "
+                                           "plus 2 s (SD1.5-shaped UNet)", "<=", 2.0),
+    "restart_fresh_compiler_calls": ("no C++ compiler called while loading and running saved graphs on a fresh "
+                                     "machine (SD1.5-shaped UNet)", "==", 0),
 }
 
 
@@ -131,6 +140,18 @@ def model_summary(name: str, jobs: Dict[str, dict], spec: Optional[dict] = None)
     if process.get("ours_aot_load") and process.get("torch_compile"):
         out["process_restart_vs_cold_ratio"] = _round(process["ours_aot_load"] / process["torch_compile"])
     out["ours_aot_loads_on_first_call"] = ok.get("ours_aot_load", {}).get("first_call_loads")
+    fresh_job = ok.get("ours_aot_fresh")
+    if fresh_job:
+        fresh = first.get("ours_aot_fresh")
+        out["restart_fresh_machine_s"] = fresh
+        out["restart_fresh_vs_cold_compile_ratio"] = _round(fresh / cold) if cold and fresh is not None else None
+        out["restart_fresh_process_to_first_result_s"] = process.get("ours_aot_fresh")
+        if process.get("ours_aot_fresh") and process.get("eager"):
+            out["restart_fresh_process_over_eager_s"] = _round(process["ours_aot_fresh"] - process["eager"], 3)
+        out["restart_fresh_compiler_calls"] = len(fresh_job.get("compiler_calls") or [])
+        out["restart_fresh_compiler_call_lines"] = (fresh_job.get("compiler_calls") or [])[:10]
+        out["restart_fresh_tmpdir_left_after_exit"] = fresh_job.get("tmpdir_left_after_exit")
+        out["restart_fresh_loads"] = fresh_job.get("first_call_loads")
 
     # -- sweep
     out["sweep_compiles"] = {variant: job.get("sweep_compiles") for variant, job in ok.items() if "sweep" in job}
@@ -184,6 +205,11 @@ def summarise(jobs: List[dict], meta: Dict[str, Any], specs: Optional[Dict[str, 
         "restart_vs_cold_compile_ratio": head.get("restart_vs_cold_compile_ratio"),
         "cold_compile_torch_compile_s": (head.get("first_call_s") or {}).get("torch_compile"),
         "restart_first_result_ours_s": (head.get("first_call_s") or {}).get("ours_aot_load"),
+        "restart_fresh_machine_s": head.get("restart_fresh_machine_s"),
+        "restart_fresh_vs_cold_compile_ratio": head.get("restart_fresh_vs_cold_compile_ratio"),
+        "restart_fresh_process_to_first_result_s": head.get("restart_fresh_process_to_first_result_s"),
+        "restart_fresh_process_over_eager_s": head.get("restart_fresh_process_over_eager_s"),
+        "restart_fresh_compiler_calls": head.get("restart_fresh_compiler_calls"),
         "cold_compile_ours_aot_s": (head.get("first_call_s") or {}).get("ours_aot_cold"),
         "sweep_compiles_ours": (head.get("sweep_compiles") or {}).get("ours_aot_cold"),
         "sweep_compiles_torch_compile": (head.get("sweep_compiles") or {}).get("torch_compile"),
@@ -199,6 +225,10 @@ def summarise(jobs: List[dict], meta: Dict[str, Any], specs: Optional[Dict[str, 
                                    "met": _check(value, op, bound)}
     summary["models"] = models
     summary["comfyui"] = comfy or {"run": False, "why": "not requested"}
+    modes = {m.get("mode"): m for m in (comfy or {}).get("modes", []) if not m.get("error")}
+    for mode in ("none", "torch_compile", "ours_restart", "ours_fresh"):
+        if modes.get(mode, {}).get("start_to_first_image_s") is not None:
+            summary[f"comfyui_{mode}_start_to_first_image_s"] = _round(modes[mode]["start_to_first_image_s"], 2)
     summary["jobs"] = jobs
     return summary
 
@@ -296,7 +326,7 @@ def markdown(summary: Dict[str, Any]) -> str:
         first, compiles, process = model.get("first_call_s") or {}, model.get("first_call_compiles") or {}, \
             model.get("process_to_first_result_s") or {}
         for variant in ("eager", "torch_compile", "torch_compile_warm", "ours_inductor", "ours_aot_cold",
-                        "ours_aot_load", "ours_oneflow"):
+                        "ours_aot_load", "ours_aot_fresh", "ours_oneflow"):
             if variant in first:
                 add(f"| {LABELS[variant]} | {_fmt(first[variant], 2)} | {_fmt(compiles.get(variant))} "
                     f"| {_fmt(process.get(variant), 2)} |")
@@ -305,6 +335,14 @@ def markdown(summary: Dict[str, Any]) -> str:
             f"(torch.compile's own warm-cache restart / its cold compile: "
             f"{_fmt(model.get('torch_compile_warm_restart_vs_cold_ratio'), 3)}). "
             f"Graphs saved: {_fmt(model.get('graphs_saved'))} ({_fmt(model.get('graphs_saved_mb'), 2)} MB, no weights).")
+        if "restart_fresh_machine_s" in model:
+            add("")
+            add(f"On a fresh machine (empty TMPDIR and Inductor cache, no C++ compiler): restart / cold compile "
+                f"**{_fmt(model.get('restart_fresh_vs_cold_compile_ratio'), 3)}**; process start to first result "
+                f"{_fmt(model.get('restart_fresh_process_to_first_result_s'), 2)} s, "
+                f"{_fmt(model.get('restart_fresh_process_over_eager_s'), 2)} s more than eager's; compiler calls "
+                f"{_fmt(model.get('restart_fresh_compiler_calls'))}; left in TMPDIR after exit: "
+                f"{len(model.get('restart_fresh_tmpdir_left_after_exit') or [])} files.")
         add("")
         add(f"Sweep over {model.get('sweep_shapes')} shapes (5 resolutions x 3 batch sizes), one call each, after the "
             "first call:")
@@ -387,11 +425,13 @@ def chart(summary: Dict[str, Any], path: Path) -> Optional[str]:
 
     ax = axes[1]
     variants = [("torch_compile", "torch.compile cold"), ("torch_compile_warm", "torch.compile warm cache"),
-                ("ours_aot_cold", "ours cold (range)"), ("ours_aot_load", "ours restart (load)")]
+                ("ours_aot_cold", "ours cold (range)"), ("ours_aot_load", "ours restart (load)"),
+                ("ours_aot_fresh", "ours restart, fresh machine")]
     step = 1 / (len(variants) + 1)
     for index, (variant, label) in enumerate(variants):
         values = [(models[n].get("first_call_s") or {}).get(variant) or 0 for n in names]
-        bars = ax.bar([i + (index - 1.5) * step for i in range(len(names))], values, step, label=label)
+        offset = (index - (len(variants) - 1) / 2) * step
+        bars = ax.bar([i + offset for i in range(len(names))], values, step, label=label)
         ax.bar_label(bars, fmt="%.1f", fontsize=7)
     ax.set_yscale("symlog", linthresh=1)
     top = max([(models[n].get("first_call_s") or {}).get(v) or 0 for n in names for v, _ in variants] + [1])

@@ -5,6 +5,9 @@ memory peaks do not leak between them) with its own empty Inductor cache
 folder, so a cold compile is cold. Two exceptions, on purpose:
 `torch_compile_warm` reuses `torch_compile`'s cache folder (torch.compile's
 own restart), and `ours_aot_load` reads the graphs `ours_aot_cold` saved.
+`ours_aot_fresh` reads them too, on a "fresh machine" (fresh_machine.py:
+empty TMPDIR and Inductor cache, a C++ compiler that records calls and fails);
+its result says what was called and what was left in TMPDIR after it exited.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from . import models as M
 from . import report
+from .fresh_machine import FreshMachine
 from .models import DEFAULT_VARIANTS
 
 REPO = Path(__file__).resolve().parents[3]
@@ -99,7 +103,7 @@ def _line(result: Dict[str, Any]) -> str:
 def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str = "fp32",
               models: Sequence[str] = M.MODELS, variants: Sequence[str] = DEFAULT_VARIANTS, reps: Optional[int] = None,
               comfy: bool = True, keep: bool = False, job_timeout: Optional[float] = None,
-              comfy_attention: str = "default") -> int:
+              comfy_modes: Sequence[str] = M.COMFY_MODES, comfy_attention: str = "default") -> int:
     profile = "quick" if quick else "full"
     reps = reps or (11 if quick else 5)  # quick calls take milliseconds: more pairs for the same time
     job_timeout = job_timeout or (1800.0 if quick else 7200.0)
@@ -139,10 +143,17 @@ def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str
             job = {"model": name, "variant": variant, "profile": profile, "device": device, "dtype": dtype,
                    "reps": reps, "graphs_dir": str(work / f"{name}-graphs"),
                    "cache_fresh": variant != "torch_compile_warm"}
-            needs = {"torch_compile_warm": "torch_compile", "ours_aot_load": "ours_aot_cold"}.get(variant)
+            needs = {"torch_compile_warm": "torch_compile", "ours_aot_load": "ours_aot_cold",
+                     "ours_aot_fresh": "ours_aot_cold"}.get(variant)
             if needs and (needs not in done or "error" in done[needs]):
                 result = {"model": name, "variant": variant,
                           "skipped": f"needs {needs}, which {'failed' if needs in done else 'was not run'}"}
+            elif variant == "ours_aot_fresh":
+                machine = FreshMachine(work / f"{name}-fresh-machine").setup()
+                result = run_job(job, work, machine.env(base_env), job_timeout)
+                result["compiler_calls"] = machine.compiler_calls()
+                result["tmpdir_left_after_exit"] = machine.tmpdir_entries()
+                result["inductor_cache_files_after_exit"] = len(machine.cache_entries())
             else:
                 if variant != "torch_compile_warm":
                     shutil.rmtree(cache, ignore_errors=True)
@@ -156,7 +167,7 @@ def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str
     if comfy:
         from .comfy_e2e import run_comfy
 
-        comfy_result = run_comfy(work, quick=quick, keep=keep, attention=comfy_attention)
+        comfy_result = run_comfy(work, quick=quick, keep=keep, modes=comfy_modes, attention=comfy_attention)
     else:
         comfy_result = {"run": False, "why": "--no-comfy was given"}
     meta["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
