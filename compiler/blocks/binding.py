@@ -26,6 +26,7 @@ import torch.utils._pytree as pytree
 
 from ..backends.base import CompiledGraph
 from ..flat_module import MODULE_PREFIX
+from .export import empty_to_none
 
 _BOUND = "_keepfast_block_bound"  # the runner's currently bound instance, kept on the graph
 _SERIALS = itertools.count(1)  # never reused, unlike id(): a new model must never look bound
@@ -111,7 +112,7 @@ class SharedRunner:
             from ..signature import FlatCall
 
             args, kwargs = rebuild(inputs)
-            return self.graph.run(weights.module, FlatCall(args, kwargs))
+            return empty_to_none(self.graph.run(weights.module, FlatCall(args, kwargs)))
         with self.lock:
             token = (weights.serial, weights.version)
             if getattr(self.graph, _BOUND, None) != token:
@@ -122,4 +123,4 @@ class SharedRunner:
             outputs = self._runner(inputs)
         if isinstance(outputs, torch.Tensor):
             outputs = [outputs]
-        return pytree.tree_unflatten(list(outputs), self._spec)
+        return empty_to_none(pytree.tree_unflatten(list(outputs), self._spec))

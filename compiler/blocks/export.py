@@ -39,6 +39,27 @@ Bounds = List[Dict[int, Tuple[int, int]]]
 Progress = Callable[[str, float], None]
 
 
+def none_to_empty(output):
+    """A block's output with None entries (SD3's last block returns no text stream) as empty tuples.
+
+    Graph outputs are tensors; an empty tuple has no leaves, so the graph's
+    output structure keeps the place and `empty_to_none` restores it.
+    """
+    if isinstance(output, (tuple, list)):
+        return type(output)(() if item is None else none_to_empty(item) for item in output)
+    return output
+
+
+def empty_to_none(output):
+    if isinstance(output, (tuple, list)):
+        return type(output)(None if isinstance(item, tuple) and not item else empty_to_none(item) for item in output)
+    return output
+
+
+def _block_forward(module: torch.nn.Module, *args, **kwargs):
+    return none_to_empty(type(module).forward(module, *args, **kwargs))
+
+
 def _first_line(error: BaseException) -> str:
     lines = str(error).strip().splitlines()
     return lines[0][:300] if lines else type(error).__name__
@@ -69,7 +90,7 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
     """
     from torch.export import Dim
 
-    flat = FlatForward(module, type(module).forward, call)
+    flat = FlatForward(module, _block_forward, call)
     dynamic = [{d: Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in b.items()} for b in bounds]
     progress("tracing with torch.export", 0.05)
     try:

@@ -307,13 +307,13 @@ class BlockServer:
         return None
 
     def _compare(self, graph: CompiledGraph, instance: BlockInstance, call: FlatCall, tensors):
-        from .export import max_difference
+        from .export import empty_to_none, max_difference
 
         args, kwargs = call.rebuild([t.contiguous() for t in tensors])
         flat = FlatCall(args, kwargs, role_policy=lambda path, tensor: self.roles.get(path, {}))
         if graph.why_not(flat) is not None:
             return None
-        output = graph.run(instance.module, flat)
+        output = empty_to_none(graph.run(instance.module, flat))
         reference = instance.eager(args, kwargs)
         diff, scale = max_difference(output, reference)
         half = self._dtype in (torch.float16, torch.bfloat16)
