@@ -91,7 +91,11 @@ def compile_pipe(
     compile_on_miss: bool = True,
     registry: Optional[GraphRegistry] = None,
 ):
-    """Compile the pipeline's UNet and VAE (decoder and encoder) in place; returns `pipe`."""
+    """Compile the pipeline's UNet or transformer(s) and VAE (decoder and encoder) in place; returns `pipe`.
+
+    A `transformer` / `transformer_2` (Flux, SD3, Wan, Qwen-Image) is served
+    block by block (`compiler.blocks`): one graph per distinct block structure.
+    """
     ignores = set(ignores)
     unknown = ignores - set(TARGETS)
     if unknown:

@@ -160,10 +160,15 @@ def test_a_block_whose_export_raises_runs_eager_with_the_reason(flux):
     compile_pipe(pipe, shape_range=tt.RANGE, registry=registry)
     engine = compiled_parts(pipe)["transformer"]
 
-    def exploding(module, *args, **kwargs):
+    def exploding(module, call, bounds, key, progress, **kwargs):
+        progress("tracing with torch.export", 0.05)
         raise RuntimeError(f"export exploded on {type(module).__name__}")
 
     engine.exporter = exploding
+    steps = []
+    engine.prepare(progress=lambda text, fraction: steps.append((text, fraction)))
+    assert any("block 2 of 2: FluxSingleTransformerBlock x3" in text and "tracing" in text for text, _ in steps), steps
+    assert steps[-1] == (engine.describe(), 1.0) and "2 of 5 blocks compiled" in steps[-1][0]
     dims = tt.sweep("flux")[0]
     with torch.no_grad():
         out = tt.call(model, dims)

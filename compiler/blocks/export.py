@@ -124,11 +124,15 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
 
     try:
         names = sorted(_load_runner(package).get_constant_fqns())
+    except Exception as error:
+        raise CompileFailed(f"the compiled package does not load: {type(error).__name__}: {_first_line(error)}") from error
+    try:
         graph = build(guards)
     except CompileFailed:
         raise
-    except Exception as error:
-        raise CompileFailed(f"the compiled package does not load: {type(error).__name__}: {_first_line(error)}") from error
+    except Exception as error:  # e.g. a guard form the guard checker does not read
+        raise CompileFailed(f"the graph's shape guards cannot be checked: {type(error).__name__}: "
+                            f"{_first_line(error)}") from error
     notes: List[str] = []
     units = unit_guards(graph, bounds)
     if units and check_unit_sizes is not None:

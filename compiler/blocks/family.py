@@ -29,6 +29,11 @@ class BlockFamily:
         """A call of the whole model at `dims`, built from its config (random inputs)."""
         raise NotImplementedError
 
+    def block_inputs(self, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+        """A block call's inputs without bookkeeping a graph does not take (ComfyUI's
+        `transformer_options`); the block's eager forward still gets the call as made."""
+        return args, kwargs
+
     def describe(self) -> str:
         return self.name
 

@@ -96,7 +96,9 @@ class BlockServer:
         self.group = group
         self.instances = [BlockInstance(self, first_index + i, path, module)
                           for i, (path, module) in enumerate(group.instances)]
-        self.normalise = canonical_binder(type(group.modules[0]).forward, tensor_args=())
+        binder = canonical_binder(type(group.modules[0]).forward, tensor_args=())
+        family = engine.family
+        self.normalise = lambda args, kwargs: binder(*family.block_inputs(args, kwargs))
         self.lock = threading.Lock()
         self.reset()
 
@@ -210,11 +212,13 @@ class BlockServer:
         options = self.engine.options
         family = key.family
         with registry.family_lock(family):
-            graph, why = registry.find(family, call)
-            if graph is not None:
-                self.origin = graph.origin
-                return graph, None
-            graph, why = self._load(family, call)
+            for graph in registry.family_graphs(family):
+                # a graph built for a narrower range would leave part of this one eager
+                if graph.key.shape_range.covers(key.shape_range) and graph.why_not(call) is None:
+                    registry.hits += 1
+                    self.origin = graph.origin
+                    return graph, None
+            graph, why = self._load(family, call, key)
             if graph is not None:
                 return graph, None
             if not options.compile_on_miss:
@@ -249,7 +253,7 @@ class BlockServer:
             self.origin = "compiled"
             return graph, None
 
-    def _load(self, family: FamilyKey, call: FlatCall) -> Tuple[Optional[CompiledGraph], Optional[str]]:
+    def _load(self, family: FamilyKey, call: FlatCall, key: GraphKey) -> Tuple[Optional[CompiledGraph], Optional[str]]:
         store = self.engine.options.store
         if store is None:
             return None, None
@@ -262,6 +266,12 @@ class BlockServer:
             registry.record(REFUSED, family, f"{self.label}: {note}")
         if stored is None:
             return None, notes[0] if notes else None
+        have = stored.manifest.key.shape_range
+        if not have.covers(key.shape_range) and self.engine.options.compile_on_miss:
+            why = (f"stored graph {stored.name} was built for {have.describe()}, narrower than "
+                   f"{key.shape_range.describe()}")
+            registry.record(REFUSED, family, f"{self.label}: {why}; compiling for the declared range")
+            return None, why
         started = time.perf_counter()
         try:
             graph = store.load(stored, family)
@@ -330,7 +340,10 @@ class BlockServer:
                     corners[(batch, tokens, text)] = T.role_values({T.BATCH: batch, T.TOKENS: tokens, T.SEQUENCE: text})
         for (batch, tokens, text), counts in corners.items():
             shapes = T.shapes_at(call.shapes, call.tensor_paths, self.roles, counts)
-            failure = graph.why_not(_Shapes(shapes, call.tensor_paths))
+            try:
+                failure = graph.why_not(_Shapes(shapes, call.tensor_paths))
+            except Exception as error:
+                failure = f"its guards cannot be checked ({type(error).__name__}: {error})"
             if failure:
                 notes.append(f"batch {batch}, {tokens} image tokens, {text} text tokens: {failure}")
         return notes
@@ -411,7 +424,10 @@ class BlockServer:
         cache_key = (shapes, tuple(t.dtype for t in tensors))
         why = self._shape_cache.get(cache_key, _MISSING)
         if why is _MISSING:
-            why = self._why_not(shapes, cache_key[1])
+            try:
+                why = self._why_not(shapes, cache_key[1])
+            except Exception as error:  # a guard this machine cannot evaluate: eager, never a failed call
+                why = f"the graph's shape guards cannot be checked: {type(error).__name__}: {error}"
             if len(self._shape_cache) >= _SHAPE_CACHE_LIMIT:
                 self._shape_cache.clear()
             self._shape_cache[cache_key] = why
