@@ -20,17 +20,19 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 
 from .backends import DEFAULT_BACKEND, get_backend
+from .blocks import BlockEngine, BlockOptions, compile_blocks
 from .compiled_forward import CompiledForward, CompileOptions
 from .environment import dtype_from_name, dtype_name
 from .library import GraphLibrary
-from .registry import GraphRegistry, default_registry
+from .registry import FALLBACK, GraphRegistry, default_registry
 from .shapes import DEFAULT_RANGE, ShapeRange
 from .store import GraphRefused, GraphStore, StoreError
 from .structure import module_device, module_dtype
 
 log = logging.getLogger("keepfast")
 
-TARGETS = ("unet", "vae.decoder", "vae.encoder")
+TARGETS = ("unet", "transformer", "transformer_2", "vae.decoder", "vae.encoder")
+BLOCK_TARGETS = ("transformer", "transformer_2")  # served block by block (compiler.blocks)
 _ATTRIBUTE = "_keepfast"
 
 
@@ -54,7 +56,7 @@ def _resolve(pipe, target: str) -> Optional[torch.nn.Module]:
     return obj if isinstance(obj, torch.nn.Module) else None
 
 
-def compiled_parts(pipe) -> Dict[str, CompiledForward]:
+def compiled_parts(pipe) -> Dict[str, CompiledForward | BlockEngine]:
     return dict(getattr(pipe, _ATTRIBUTE, {}))
 
 
@@ -90,7 +92,11 @@ def compile_pipe(
     compile_on_miss: bool = True,
     registry: Optional[GraphRegistry] = None,
 ):
-    """Compile the pipeline's UNet and VAE (decoder and encoder) in place; returns `pipe`."""
+    """Compile the pipeline's UNet or transformer(s) and VAE (decoder and encoder) in place; returns `pipe`.
+
+    A `transformer` / `transformer_2` (Flux, SD3, Wan, Qwen-Image) is served
+    block by block (`compiler.blocks`): one graph per distinct block structure.
+    """
     ignores = set(ignores)
     unknown = ignores - set(TARGETS)
     if unknown:
@@ -100,6 +106,17 @@ def compile_pipe(
     for target in TARGETS:
         module = _resolve(pipe, target)
         if target in ignores or module is None:
+            continue
+        if target in BLOCK_TARGETS:
+            engine = compile_blocks(module, BlockOptions(
+                backend=backend, shape_range=shape_range, store=store, autosave=autosave,
+                compile_on_miss=compile_on_miss, label=target), registry or default_registry())
+            if engine is None:
+                (registry or default_registry()).record(
+                    FALLBACK, "-", f"{target}: {type(module).__name__} is not a transformer family KeepFast "
+                    "knows (Flux, SD3, Wan, Qwen-Image); running eager")
+            else:
+                parts[target] = engine
             continue
         options = CompileOptions(
             backend=backend, shape_range=shape_range, store=store, autosave=autosave,
@@ -173,6 +190,11 @@ def save_pipe(
         if target in set(ignores):
             continue
         compiled.options = compiled.options.with_(store=store, **({"shape_range": shape_range} if shape_range else {}))
+        if isinstance(compiled, BlockEngine):
+            saved, problems = compiled.save(store)
+            report.saved += [f"{target}: {line}" for line in saved]
+            report.problems += [f"{target}: {line}" for line in problems]
+            continue
         dtypes = [module_dtype(compiled.module)]
         if target.startswith("vae.") and _vae_upcasts(pipe):
             dtypes.append(torch.float32)
@@ -234,6 +256,11 @@ def load_pipe(
                  graphs_dir=graphs_dir, compile_on_miss=compile_on_miss, registry=registry)
     stored_graphs = GraphStore(graphs_dir).graphs() if folder.is_dir() else []
     for target, compiled in compiled_parts(pipe).items():
+        if isinstance(compiled, BlockEngine):
+            loaded, problems = compiled.load()
+            report.loaded += [f"{target}: {line}" for line in loaded]
+            report.problems += [f"{target}: {line}" for line in problems]
+            continue
         library = compiled.library
         # A float16 VAE that upcasts at decode time runs its float32 graphs then.
         dtypes = {dtype_name(module_dtype(compiled.module))}

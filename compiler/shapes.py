@@ -9,18 +9,27 @@ user is likely to run. Dimensions are given roles by a simple, documented rule
 - 3-D tensors ([B, L, C], text embeddings): dim 1 is the sequence length;
 - 4-D tensors ([B, C, H, W], latents and residuals): dims 2 and 3 are spatial;
 - 5-D tensors ([B, C, T, H, W]): dims 2, 3 and 4 are spatial.
+
+Two optional roles exist for transformer families: `frames` (latent frames of
+a video model, its own axis, never height or width) and `tokens` (the image or
+video tokens a transformer block sees, derived from the pixel and frame range
+by the block engine in `compiler.blocks`). A range without them serialises
+exactly as before, so existing graph keys do not change.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 import math
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 BATCH = "batch"
 SPATIAL = "spatial"
 SEQUENCE = "sequence"
+FRAMES = "frames"
+TOKENS = "tokens"
 ROLES = (BATCH, SPATIAL, SEQUENCE)
+OPTIONAL_ROLES = (FRAMES, TOKENS)  # present only when set
 
 
 @dataclass(frozen=True)
@@ -30,16 +39,25 @@ class ShapeRange:
     batch: Tuple[int, int] = (1, 8)
     spatial: Tuple[int, int] = (8, 256)
     sequence: Tuple[int, int] = (1, 1024)
+    frames: Optional[Tuple[int, int]] = None  # latent frames (video models)
+    tokens: Optional[Tuple[int, int]] = None  # image/video tokens per sample (transformer blocks)
 
     def bounds(self, role: str) -> Tuple[int, int]:
-        return tuple(getattr(self, role))
+        value = getattr(self, role)
+        if value is None:
+            raise KeyError(f"this range declares no {role} bounds")
+        return tuple(value)
+
+    def roles(self) -> Tuple[str, ...]:
+        """The roles this range declares bounds for."""
+        return ROLES + tuple(r for r in OPTIONAL_ROLES if getattr(self, r) is not None)
 
     def to_json(self) -> dict:
-        return {role: list(self.bounds(role)) for role in ROLES}
+        return {role: list(self.bounds(role)) for role in self.roles()}
 
     @classmethod
     def from_json(cls, data: dict) -> "ShapeRange":
-        return cls(**{role: tuple(data[role]) for role in ROLES if role in data})
+        return cls(**{role: tuple(data[role]) for role in ROLES + OPTIONAL_ROLES if data.get(role) is not None})
 
     @classmethod
     def for_images(
@@ -60,11 +78,12 @@ class ShapeRange:
     def covers(self, other: "ShapeRange") -> bool:
         return all(
             self.bounds(r)[0] <= other.bounds(r)[0] and other.bounds(r)[1] <= self.bounds(r)[1]
-            for r in ROLES
+            for r in other.roles()
+            if getattr(self, r) is not None
         )
 
     def describe(self) -> str:
-        return ", ".join(f"{r} {lo}-{hi}" for r, (lo, hi) in ((r, self.bounds(r)) for r in ROLES))
+        return ", ".join(f"{r} {lo}-{hi}" for r, (lo, hi) in ((r, self.bounds(r)) for r in self.roles()))
 
 
 DEFAULT_RANGE = ShapeRange()

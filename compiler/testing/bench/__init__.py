@@ -1,7 +1,9 @@
 """`python -m compiler bench --out DIR [--quick]`: eager vs plain torch.compile vs KeepFast.
 
 For an SD1.5-shaped UNet, an SDXL-shaped UNet and the VAE decoder (real
-diffusers configs, random weights; `--quick`: two-level, narrow versions), each
+diffusers configs, random weights; `--quick`: two-level, narrow versions), and
+a Flux-shaped and a Wan-shaped transformer (whole-model torch.compile vs
+torch.compile of the repeated blocks vs our block graphs), each
 configuration in its own process: steady-state step time, first call (cold
 compile) and restart-to-first-result with saved graphs, compiles over a
 sweep of 5 resolutions x 3 batch sizes, peak memory. With COMFYUI_PATH set,
@@ -16,7 +18,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .models import COMFY_MODES, DEFAULT_VARIANTS, MODELS
+from .models import ALL_MODELS as MODELS
+from .models import COMFY_MODES, DEFAULT_VARIANTS
 from .models import VARIANTS as VARIANT_NAMES
 
 

@@ -1,5 +1,11 @@
 """What the benchmark runs: model configs, input shapes and the declared range, per profile.
 
+UNets and the VAE decoder are compiled whole; the transformers (`flux`, `wan`:
+diffusers' FluxTransformer2DModel and WanTransformer3DModel) are compared as
+whole-model torch.compile, torch.compile of the repeated blocks (diffusers'
+`compile_repeated_blocks`, what KJNodes does) and ours (block graphs,
+`compiler.blocks`).
+
 Two profiles:
 - "full": the real diffusers configs of SD1.5's UNet, SDXL's UNet and the
   SD VAE decoder (random weights), at latent sizes a CPU can sweep;
@@ -22,10 +28,19 @@ from typing import Any, Dict, List, Optional, Tuple
 Shape = Tuple[int, int, int]  # (batch, latent height, latent width)
 
 MODELS = ("sd15", "sdxl", "vae")
+TRANSFORMERS = ("flux", "wan")
+ALL_MODELS = MODELS + TRANSFORMERS
 VARIANTS = ("eager", "torch_compile", "torch_compile_warm", "ours_inductor", "ours_aot_cold", "ours_aot_load",
-            "ours_aot_fresh", "ours_oneflow")
+            "ours_aot_fresh", "ours_oneflow", "torch_compile_blocks", "ours_blocks", "ours_blocks_load")
 # ours_oneflow runs only where OneFlow imports (a Python 3.10 environment): asked for by name.
 DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v != "ours_oneflow")
+# What each kind of model is run as (a variant asked for that does not apply is left out).
+BLOCK_VARIANTS = ("eager", "torch_compile", "torch_compile_blocks", "ours_blocks", "ours_blocks_load")
+WHOLE_VARIANTS = tuple(v for v in VARIANTS if v not in ("torch_compile_blocks", "ours_blocks", "ours_blocks_load"))
+
+
+def variants_for(name: str):
+    return BLOCK_VARIANTS if name in TRANSFORMERS else WHOLE_VARIANTS
 PROFILES = ("quick", "full")
 COMFY_MODES = ("none", "torch_compile", "ours_cold", "ours_restart", "ours_fresh")  # comfy_e2e.py's modes
 
@@ -202,3 +217,148 @@ def dtype_from_flag(flag: str):
     import torch
 
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[flag]
+
+
+# -- transformers -------------------------------------------------------------------
+
+# FLUX.1-dev's transformer config (19 double-stream and 38 single-stream blocks, 12B parameters).
+FLUX = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+            num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+            axes_dims_rope=(16, 56, 56))
+# Wan 2.1 text-to-video 1.3B's transformer config (30 blocks).
+WAN = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
+           text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
+           qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+# --quick: the real block classes and patching at a sixth of the depth (Flux 3 + 6 blocks, Wan 6) and narrow
+# widths (4 heads of 32); text and pooled widths shrunk with them.
+QUICK_TRANSFORMER_CHANGES = {
+    "flux": dict(num_layers=3, num_single_layers=6, attention_head_dim=32, num_attention_heads=4,
+                 joint_attention_dim=128, pooled_projection_dim=64, axes_dims_rope=(8, 12, 12)),
+    "wan": dict(num_layers=6, num_attention_heads=4, attention_head_dim=32, text_dim=128, ffn_dim=256),
+}
+TEXT_TOKENS = {"flux": 512, "wan": 512}  # what their pipelines pass (T5, padded)
+QUICK_TEXT_TOKENS = 64
+
+TransformerShape = Tuple[int, int, int, int]  # (batch, latent height, latent width, latent frames)
+
+
+@dataclass
+class TransformerSpec:
+    """A transformer benchmarked block by block; shapes carry latent frames (1 for images)."""
+
+    name: str
+    title: str
+    config: Dict[str, Any]
+    changes: Dict[str, Any]
+    sweep_sizes: List[Tuple[int, int, int]]  # 5 (latent height, width, frames)
+    sweep_batches: List[int]
+    steady_shapes: List[TransformerShape]
+    range_batch: Tuple[int, int]
+    range_spatial: Tuple[int, int]
+    range_frames: Tuple[int, int]
+    text: int
+    notes: List[str] = field(default_factory=list)
+    kind: str = "transformer"
+
+    @property
+    def base_shape(self) -> TransformerShape:
+        return self.steady_shapes[0]
+
+    def sweep(self) -> List[TransformerShape]:
+        return [(b, h, w, f) for (h, w, f) in self.sweep_sizes for b in self.sweep_batches]
+
+    def shape_range(self):
+        from ..shapes import ShapeRange
+
+        frames = self.range_frames if self.name == "wan" else None
+        return ShapeRange(batch=self.range_batch, spatial=self.range_spatial, sequence=(1, self.text), frames=frames)
+
+    def describe(self) -> dict:
+        def plain(v):
+            return list(v) if isinstance(v, tuple) else v
+
+        return {
+            "name": self.name, "title": self.title, "kind": self.kind,
+            "config": {k: plain(v) for k, v in self.config.items()},
+            "changed_from_real_config": {k: plain(v) for k, v in self.changes.items()},
+            "sweep_sizes": [list(s) for s in self.sweep_sizes], "sweep_batches": list(self.sweep_batches),
+            "steady_shapes": [list(s) for s in self.steady_shapes], "text_tokens": self.text,
+            "declared_range": {"batch": list(self.range_batch), "spatial": list(self.range_spatial),
+                               "sequence": [1, self.text], "frames": list(self.range_frames)},
+            "notes": list(self.notes),
+        }
+
+    def build(self, seed: int = 0):
+        import torch
+
+        torch.manual_seed(seed)
+        if self.name == "flux":
+            from diffusers import FluxTransformer2DModel
+
+            return FluxTransformer2DModel(**self.config).eval()
+        from diffusers import WanTransformer3DModel
+
+        return WanTransformer3DModel(**self.config).eval()
+
+    def family(self, model):
+        from ..blocks.diffusers_families import diffusers_family
+
+        return diffusers_family(model)
+
+    def inputs(self, shape: TransformerShape, device: str, dtype, seed: int = 0, model=None) -> Tuple[tuple, dict]:
+        """The call the family's pipeline makes (compiler.blocks.diffusers_families), at this shape."""
+        from ..blocks.tokens import Dims
+
+        batch, height, width, frames = shape
+        args, kwargs = self.family(model).example_call(model, Dims(batch, height, width, frames, self.text))
+        return args, kwargs
+
+
+def transformer_spec(name: str, profile: str, device: str = "cpu") -> TransformerSpec:
+    if name not in TRANSFORMERS:
+        raise ValueError(f"unknown transformer {name!r}; transformers: {', '.join(TRANSFORMERS)}")
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}")
+    quick = profile == "quick"
+    gpu = device.startswith("cuda") and not quick
+    changes = dict(QUICK_TRANSFORMER_CHANGES[name]) if quick else {}
+    text = QUICK_TEXT_TOKENS if quick else TEXT_TOKENS[name]
+    batches = [1, 2, 4] if name == "flux" else [1, 2, 3]
+    notes = []
+    if name == "flux":
+        config, title, frames = {**FLUX, **changes}, "Flux-shaped transformer (FLUX.1-dev layout)", (1, 1)
+        if gpu:  # 512-1024 px
+            sizes = [(64, 64, 1), (96, 96, 1), (128, 128, 1), (96, 128, 1), (128, 80, 1)]
+            steady, spatial = [(1, 128, 128, 1), (2, 96, 96, 1)], (64, 128)
+        elif quick:
+            sizes = [(16, 16, 1), (24, 24, 1), (32, 32, 1), (24, 32, 1), (32, 16, 1)]
+            steady, spatial = [(1, 32, 32, 1), (2, 24, 24, 1)], (16, 32)
+        else:
+            sizes = [(32, 32, 1), (40, 40, 1), (48, 48, 1), (40, 48, 1), (48, 32, 1)]
+            steady, spatial = [(1, 48, 48, 1)], (32, 64)
+            notes.append("the real config has 12B parameters: 47 GB in float32, so a CPU run needs that much RAM")
+    else:
+        config, title = {**WAN, **changes}, "Wan-shaped transformer (Wan 2.1 T2V 1.3B layout)"
+        if gpu:  # 480p-ish latents, 9-33 frames
+            sizes = [(60, 104, 3), (60, 104, 9), (48, 80, 5), (60, 80, 9), (48, 104, 3)]
+            steady, spatial, frames = [(1, 60, 104, 9)], (48, 104), (1, 21)
+        elif quick:
+            sizes = [(16, 16, 2), (24, 24, 2), (16, 24, 3), (24, 16, 5), (32, 32, 3)]
+            steady, spatial, frames = [(1, 24, 24, 2), (2, 16, 16, 2)], (16, 32), (1, 5)
+        else:
+            sizes = [(16, 16, 3), (24, 24, 3), (16, 24, 5), (24, 16, 9), (32, 32, 5)]
+            steady, spatial, frames = [(1, 24, 24, 3)], (16, 32), (1, 9)
+    if quick:
+        notes.append("--quick: the real block classes at a sixth of the depth and narrow widths "
+                     "(changed_from_real_config); compile time follows depth, per-op overhead weighs more than "
+                     "at real widths")
+    return TransformerSpec(name=name, title=title, config=config, changes=changes, sweep_sizes=sizes,
+                           sweep_batches=batches, steady_shapes=steady, range_batch=(1, max(batches)),
+                           range_spatial=spatial, range_frames=frames, text=text, notes=notes)
+
+
+def any_spec(name: str, profile: str, device: str = "cpu"):
+    """The spec of a whole-model (UNet, VAE) or transformer benchmark model."""
+    if name in TRANSFORMERS:
+        return transformer_spec(name, profile, device)
+    return spec(name, profile, device)

@@ -20,8 +20,10 @@ from typing import Any, Dict, Iterable, List, Optional
 
 HEADLINE_MODEL = "sd15"
 HEADLINE_OURS = "ours_aot_load"  # the default backend, as a user runs it after graphs are saved
-COMPILED = ("torch_compile", "ours_inductor", "ours_aot_load", "ours_oneflow")
-OURS = ("ours_inductor", "ours_aot_cold", "ours_aot_load", "ours_aot_fresh", "ours_oneflow")
+COMPILED = ("torch_compile", "ours_inductor", "ours_aot_load", "ours_oneflow", "torch_compile_blocks", "ours_blocks",
+            "ours_blocks_load")
+OURS = ("ours_inductor", "ours_aot_cold", "ours_aot_load", "ours_aot_fresh", "ours_oneflow", "ours_blocks",
+        "ours_blocks_load")
 LABELS = {
     "eager": "eager",
     "torch_compile": "torch.compile (as TorchCompileModel)",
@@ -32,10 +34,20 @@ LABELS = {
     "ours_aot_fresh": "ours, aot backend, loaded in a fresh process on a fresh machine (empty TMPDIR and "
                       "Inductor cache, no C++ compiler)",
     "ours_oneflow": "ours, oneflow backend (graphs per shape, warmed up)",
+    "torch_compile_blocks": "torch.compile of the repeated blocks (diffusers compile_repeated_blocks, as KJNodes)",
+    "ours_blocks": "ours, block graphs (aot), cold compile",
+    "ours_blocks_load": "ours, block graphs loaded from disk in a fresh process",
 }
 SHORT = {"torch_compile": "torch.compile", "ours_inductor": "ours (inductor)", "ours_aot_cold": "ours (aot, cold)",
          "ours_aot_load": "ours (aot, loaded)",
-         "ours_oneflow": "ours (oneflow)"}
+         "ours_oneflow": "ours (oneflow)", "torch_compile_blocks": "torch.compile of blocks",
+         "ours_blocks": "ours (blocks, cold)", "ours_blocks_load": "ours (blocks, loaded)"}
+# Per transformer model (issue 12): ours = block graphs.
+TRANSFORMER_TARGETS = {
+    "cold_compile_ratio_vs_torch_compile": ("cold compile at most 1/5 of whole-model torch.compile's", "<=", 0.2),
+    "sweep_compiles_ours": ("zero compiles over the sweep", "==", 0),
+    "steady_ratio_vs_torch_compile": ("steady state at least whole-model torch.compile's", ">=", 1.0),
+}
 TARGETS = {
     "steady_ratio_vs_torch_compile": ("steady state at least as fast as plain torch.compile (SD1.5-shaped UNet)",
                                       ">=", 1.0),
@@ -166,6 +178,9 @@ def model_summary(name: str, jobs: Dict[str, dict], spec: Optional[dict] = None)
     out["graphs_saved"] = ok.get("ours_aot_cold", {}).get("graphs_saved")
     out["graphs_saved_mb"] = _round(ok.get("ours_aot_cold", {}).get("graphs_saved_mb"), 2)
 
+    if (spec or {}).get("kind") == "transformer":
+        out.update(transformer_summary(ok, out))
+
     # -- memory
     out["peak_rss_mb"] = {variant: _round(job.get("peak_rss_mb"), 1) for variant, job in ok.items()}
     cuda = {variant: _round(job.get("cuda_max_memory_allocated_mb"), 1) for variant, job in ok.items()
@@ -173,6 +188,39 @@ def model_summary(name: str, jobs: Dict[str, dict], spec: Optional[dict] = None)
     if cuda:
         out["cuda_max_memory_allocated_mb"] = cuda
     return out
+
+
+def transformer_summary(ok: Dict[str, dict], out: Dict[str, Any]) -> Dict[str, Any]:
+    """The block-graph comparison of one transformer: cold compiles, sweep compiles, steady ratios, targets."""
+    first, sweeps, ratios = out["first_call_s"], out["sweep_compiles"], out["steady_ratios"]
+    cold = {v: first[v] for v in ("torch_compile", "torch_compile_blocks", "ours_blocks") if first.get(v) is not None}
+    whole = cold.get("torch_compile")
+
+    def vs_whole(variant):
+        return _round(cold[variant] / whole) if whole and variant in cold else None
+
+    ours = "ours_blocks_load" if (ratios.get("ours_blocks_load") or {}).get("vs_eager") else "ours_blocks"
+    ours_eager = (ratios.get(ours) or {}).get("vs_eager")
+    blocks_eager = (ratios.get("torch_compile_blocks") or {}).get("vs_eager")
+    summary = {
+        "cold_compile_s": cold,
+        "cold_compile_ratio_vs_torch_compile": vs_whole("ours_blocks"),
+        "cold_compile_ratio_torch_compile_blocks_vs_torch_compile": vs_whole("torch_compile_blocks"),
+        "sweep_compiles_ours": sweeps.get("ours_blocks"),
+        "sweep_compiles_ours_loaded": sweeps.get("ours_blocks_load"),
+        "sweep_compiles_torch_compile": sweeps.get("torch_compile"),
+        "sweep_compiles_torch_compile_blocks": sweeps.get("torch_compile_blocks"),
+        "steady_ours_variant": ours,
+        "steady_ratio_vs_eager": ours_eager,
+        "steady_ratio_vs_torch_compile": (ratios.get(ours) or {}).get("vs_torch_compile"),
+        "steady_ratio_vs_torch_compile_blocks": _round(ours_eager / blocks_eager) if ours_eager and blocks_eager else None,
+        "restart_first_result_s": first.get("ours_blocks_load"),
+        "block_report": (ok.get("ours_blocks") or ok.get("ours_blocks_load") or {}).get("block_report"),
+    }
+    summary["targets"] = {key: {"target": text, "rule": f"{op} {bound}", "value": summary.get(key),
+                                "met": _check(summary.get(key), op, bound)}
+                          for key, (text, op, bound) in TRANSFORMER_TARGETS.items()}
+    return summary
 
 
 def _check(value, op: str, bound) -> Optional[bool]:
@@ -223,6 +271,7 @@ def summarise(jobs: List[dict], meta: Dict[str, Any], specs: Optional[Dict[str, 
         value = summary.get(key)
         summary["targets"][key] = {"target": text, "rule": f"{op} {bound}", "value": value,
                                    "met": _check(value, op, bound)}
+    summary["transformer_targets"] = {name: m["targets"] for name, m in models.items() if "targets" in m}
     summary["models"] = models
     summary["comfyui"] = comfy or {"run": False, "why": "not requested"}
     modes = {m.get("mode"): m for m in (comfy or {}).get("modes", []) if not m.get("error")}
@@ -276,6 +325,9 @@ def markdown(summary: Dict[str, Any]) -> str:
     add("")
     for name, model in (summary.get("models") or {}).items():
         spec = model.get("spec") or {}
+        if spec.get("kind") == "transformer":
+            lines.extend(transformer_markdown(name, model))
+            continue
         add(f"## {spec.get('title', name)} (`{name}`, {_fmt(model.get('parameters_m'), 1)}M parameters)")
         add("")
         if spec.get("changed_from_real_config"):
@@ -373,6 +425,36 @@ def markdown(summary: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def transformer_markdown(name: str, model: Dict[str, Any]) -> List[str]:
+    spec = model.get("spec") or {}
+    lines = [f"## {spec.get('title', name)} (`{name}`, {_fmt(model.get('parameters_m'), 1)}M parameters)", ""]
+    if spec.get("changed_from_real_config"):
+        lines += [f"Scaled down from the real config: `{json.dumps(spec['changed_from_real_config'])}`.", ""]
+    for variant, why in (model.get("variants_failed") or {}).items():
+        lines.append(f"- {variant}: not run or failed: {str(why).splitlines()[0][:300]}")
+    lines += ["| | cold compile (first call), s | compiles in the sweep | steady vs eager | steady vs whole-model "
+              "torch.compile |", "|---|---|---|---|---|"]
+    first, sweeps, ratios = model.get("first_call_s") or {}, model.get("sweep_compiles") or {}, \
+        model.get("steady_ratios") or {}
+    for variant in ("eager", "torch_compile", "torch_compile_blocks", "ours_blocks", "ours_blocks_load"):
+        if variant not in first:
+            continue
+        ratio = ratios.get(variant) or {}
+        lines.append(f"| {LABELS[variant]} | {_fmt(first[variant], 2)} | {_fmt(sweeps.get(variant))} "
+                     f"| {_ratio(ratio.get('vs_eager'))} | {_ratio(ratio.get('vs_torch_compile'))} |")
+    lines += ["", "| target | value | status |", "|---|---|---|"]
+    for key, target in (model.get("targets") or {}).items():
+        met = target.get("met")
+        status = "not measured" if met is None else ("met" if met else "NOT met")
+        lines.append(f"| {target['target']} (`{key}` {target['rule']}) | {_fmt(target.get('value'), 3)} | {status} |")
+    blocks = model.get("block_report") or {}
+    if blocks:
+        lines += ["", f"Block graphs: {blocks.get('blocks_compiled')} of {blocks.get('blocks')} blocks compiled; "
+                  + "; ".join(f"{s['class']} x{s['instances']}: {s['status']} ({_fmt(s.get('compile_s'), 1)} s)"
+                              for s in blocks.get("structures", [])) + "; glue eager."]
+    return lines + [""]
+
+
 def comfy_markdown(comfy: Dict[str, Any]) -> str:
     lines = ["## ComfyUI end to end", ""]
     if not comfy.get("run"):
@@ -409,12 +491,15 @@ def chart(summary: Dict[str, Any], path: Path) -> Optional[str]:
     models = summary.get("models") or {}
     names = list(models)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    width = 0.25
 
     ax = axes[0]
-    for index, variant in enumerate(COMPILED):
+    shown = [v for v in COMPILED if any((models[n].get("steady_ratios") or {}).get(v, {}).get("vs_eager")
+                                        for n in names)] or list(COMPILED[:3])
+    width = 0.8 / len(shown)
+    for index, variant in enumerate(shown):
         values = [(models[n].get("steady_ratios") or {}).get(variant, {}).get("vs_eager") or 0 for n in names]
-        bars = ax.bar([i + (index - 1) * width for i in range(len(names))], values, width, label=SHORT[variant])
+        bars = ax.bar([i + (index - (len(shown) - 1) / 2) * width for i in range(len(names))], values, width,
+                      label=SHORT[variant])
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.axhline(1.2, color="grey", linewidth=0.8, linestyle="--")
@@ -426,12 +511,16 @@ def chart(summary: Dict[str, Any], path: Path) -> Optional[str]:
     ax = axes[1]
     variants = [("torch_compile", "torch.compile cold"), ("torch_compile_warm", "torch.compile warm cache"),
                 ("ours_aot_cold", "ours cold (range)"), ("ours_aot_load", "ours restart (load)"),
-                ("ours_aot_fresh", "ours restart, fresh machine")]
-    step = 1 / (len(variants) + 1)
+                ("ours_aot_fresh", "ours restart, fresh machine"),
+                ("torch_compile_blocks", "torch.compile of blocks cold"), ("ours_blocks", "ours blocks cold"),
+                ("ours_blocks_load", "ours blocks restart (load)")]
+    variants = [(v, label) for v, label in variants
+                if any((models[n].get("first_call_s") or {}).get(v) for n in names)] or variants[:4]
+    step = 0.8 / len(variants)
     for index, (variant, label) in enumerate(variants):
         values = [(models[n].get("first_call_s") or {}).get(variant) or 0 for n in names]
-        offset = (index - (len(variants) - 1) / 2) * step
-        bars = ax.bar([i + offset for i in range(len(names))], values, step, label=label)
+        bars = ax.bar([i + (index - (len(variants) - 1) / 2) * step for i in range(len(names))], values, step,
+                      label=label)
         ax.bar_label(bars, fmt="%.1f", fontsize=7)
     ax.set_yscale("symlog", linthresh=1)
     top = max([(models[n].get("first_call_s") or {}).get(v) or 0 for n in names for v, _ in variants] + [1])
@@ -441,9 +530,13 @@ def chart(summary: Dict[str, Any], path: Path) -> Optional[str]:
     ax.legend(fontsize=7)
 
     ax = axes[2]
-    for index, variant in enumerate(("torch_compile", "ours_aot_cold", "ours_aot_load")):
+    swept = ("torch_compile", "ours_aot_cold", "ours_aot_load", "torch_compile_blocks", "ours_blocks")
+    swept = [v for v in swept if any(v in (models[n].get("sweep_compiles") or {}) for n in names)] or list(swept[:3])
+    width = 0.8 / len(swept)
+    for index, variant in enumerate(swept):
         values = [(models[n].get("sweep_compiles") or {}).get(variant) or 0 for n in names]
-        bars = ax.bar([i + (index - 1) * width for i in range(len(names))], values, width, label=SHORT[variant])
+        bars = ax.bar([i + (index - (len(swept) - 1) / 2) * width for i in range(len(names))], values, width,
+                      label=SHORT[variant])
         ax.bar_label(bars, fmt="%d", fontsize=7)
     ax.set_xticks(range(len(names)), names)
     ax.set_title("compiles over the 5x3 sweep (after the first call)")

@@ -101,7 +101,7 @@ def _line(result: Dict[str, Any]) -> str:
 
 
 def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str = "fp32",
-              models: Sequence[str] = M.MODELS, variants: Sequence[str] = DEFAULT_VARIANTS, reps: Optional[int] = None,
+              models: Sequence[str] = M.ALL_MODELS, variants: Sequence[str] = DEFAULT_VARIANTS, reps: Optional[int] = None,
               comfy: bool = True, keep: bool = False, job_timeout: Optional[float] = None,
               comfy_modes: Sequence[str] = M.COMFY_MODES, comfy_attention: str = "default") -> int:
     profile = "quick" if quick else "full"
@@ -116,7 +116,7 @@ def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str
     if device.startswith("cuda") and not torch.cuda.is_available():
         print(f"--device {device}: CUDA is not available to this torch ({torch.__version__})", file=sys.stderr)
         return 2
-    specs = {name: M.spec(name, profile, device) for name in models}
+    specs = {name: M.any_spec(name, profile, device) for name in models}
     profile_text = ("--quick: the real block types and conditioning sizes at two levels and narrow widths (see "
                     "each model's 'changed_from_real_config'), a smoke run, not the real models' numbers" if quick else
                     "the real diffusers configs (SD1.5 UNet, SDXL UNet, SD VAE decoder), random weights")
@@ -139,12 +139,14 @@ def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str
               f"declared range batch {spec.range_batch} latent {spec.range_spatial}", flush=True)
         done: Dict[str, Dict[str, Any]] = {}
         for variant in variants:
-            cache = work / f"{name}-cache-{'torch_compile' if variant.startswith('torch_compile') else variant}"
+            if variant not in M.variants_for(name):
+                continue
+            cache = work / f"{name}-cache-{'torch_compile' if variant in ('torch_compile', 'torch_compile_warm') else variant}"
             job = {"model": name, "variant": variant, "profile": profile, "device": device, "dtype": dtype,
                    "reps": reps, "graphs_dir": str(work / f"{name}-graphs"),
                    "cache_fresh": variant != "torch_compile_warm"}
             needs = {"torch_compile_warm": "torch_compile", "ours_aot_load": "ours_aot_cold",
-                     "ours_aot_fresh": "ours_aot_cold"}.get(variant)
+                     "ours_aot_fresh": "ours_aot_cold", "ours_blocks_load": "ours_blocks"}.get(variant)
             if needs and (needs not in done or "error" in done[needs]):
                 result = {"model": name, "variant": variant,
                           "skipped": f"needs {needs}, which {'failed' if needs in done else 'was not run'}"}

@@ -14,6 +14,10 @@ Variants (what is timed; everything after the model is built):
 - ours_oneflow: `compile_module(..., backend="oneflow")`; OneFlow graphs are
   static, so after the first call the sweep's shapes are warmed up (timed,
   compiles counted) as a user declares them, and the sweep follows.
+- torch_compile_blocks (transformers): diffusers' `compile_repeated_blocks()`,
+  torch.compile of each repeated block (what KJNodes and diffusers do);
+- ours_blocks / ours_blocks_load (transformers): `compiler.blocks` with the
+  aot backend, graphs saved as they compile / a fresh process loading them.
 
 Each compiled variant: the first call at the base shape (timed: a cold
 compile, or a load), steady-state step times alternating eager and compiled
@@ -78,12 +82,12 @@ class _LimitWatcher(logging.Handler):
 def run_job(job: Dict[str, Any]) -> Dict[str, Any]:
     import torch
 
-    from .models import dtype_from_flag, parameter_count, spec
+    from .models import any_spec, dtype_from_flag, parameter_count
 
     variant = job["variant"]
     device = job.get("device", "cpu")
     dtype = dtype_from_flag(job.get("dtype", "fp32"))
-    model = spec(job["model"], job["profile"], device)
+    model = any_spec(job["model"], job["profile"], device)
     reps = int(job.get("reps", 5))
     cuda = device.startswith("cuda")
     result: Dict[str, Any] = {
@@ -110,7 +114,10 @@ def run_job(job: Dict[str, Any]) -> Dict[str, Any]:
     result["parameters"] = parameter_count(module)
     result["rss_after_build_mb"] = _rss_mb()
     shapes = sorted(set(model.sweep()) | set(model.steady_shapes))
-    inputs = {shape: model.inputs(shape, device, dtype) for shape in shapes}
+    if model.kind == "transformer":  # its pipeline's call, built from the model's config
+        inputs = {shape: model.inputs(shape, device, dtype, model=module) for shape in shapes}
+    else:
+        inputs = {shape: model.inputs(shape, device, dtype) for shape in shapes}
     if cuda:
         torch.cuda.reset_peak_memory_stats()
 
@@ -129,6 +136,27 @@ def run_job(job: Dict[str, Any]) -> Dict[str, Any]:
 
         compiled_fn = torch.compile(module)  # as ComfyUI's TorchCompileModel: dynamic=None, backend "inductor"
         count = lambda: int(counters["stats"]["unique_graphs"])
+    elif variant == "torch_compile_blocks":
+        from torch._dynamo.utils import counters
+
+        module.compile_repeated_blocks()  # diffusers: torch.compile of every block in `_repeated_blocks`
+
+        def eager_fn(*args, **kwargs):
+            with torch.compiler.set_stance("force_eager"):
+                return module(*args, **kwargs)
+
+        count = lambda: int(counters["stats"]["unique_graphs"])
+    elif variant in ("ours_blocks", "ours_blocks_load"):
+        from ..blocks import BlockOptions, compile_blocks
+        from ..registry import GraphRegistry
+        from ..store import GraphStore
+
+        registry = GraphRegistry()
+        options = BlockOptions(shape_range=model.shape_range(), label=model.name, store=GraphStore(job["graphs_dir"]),
+                               autosave=variant == "ours_blocks")
+        wrapper = compile_blocks(module, options, registry)
+        eager_fn = wrapper.eager
+        count = lambda: len(registry.compiles)
     elif variant.startswith("ours_"):
         from ...compiled_forward import CompileOptions
         from ...diffusers_api import compile_module
@@ -196,7 +224,7 @@ def run_job(job: Dict[str, Any]) -> Dict[str, Any]:
 
     # -- steady state after the sweep, alternating eager and compiled calls (the
     # aot graphs of the cold run are the ones the load run times; eager alone needs no pairs)
-    if variant not in ("eager", "ours_aot_cold") or job.get("steady_everywhere"):
+    if variant not in ("eager", "ours_aot_cold", "ours_blocks") or job.get("steady_everywhere"):
         result["steady"] = _steady(timed, eager_fn, compiled_fn, model.steady_shapes, reps, count)
     return _finish(result, variant, count, registry, wrapper, watcher, job, cuda)
 
@@ -214,14 +242,16 @@ def _finish(result, variant, count, registry, wrapper, watcher, job, cuda) -> Di
         result["fallbacks"] = len(registry.fallbacks)
         result["graph_calls"] = wrapper.graph_calls
         result["eager_calls"] = wrapper.eager_calls
-    if variant in ("torch_compile", "torch_compile_warm"):
+    if hasattr(wrapper, "report"):  # block engine: what ran compiled, per block structure
+        result["block_report"] = wrapper.report()
+    if variant in ("torch_compile", "torch_compile_warm", "torch_compile_blocks"):
         from torch._dynamo.utils import counters
 
         result["dynamo_stats"] = {k: int(v) for k, v in counters["stats"].items()}
         result["recompile_limit_hit"] = watcher.messages
         result["inductor_fxgraph_cache"] = {k: int(v) for k, v in counters["inductor"].items()
                                             if k.startswith("fxgraph_cache")}
-    if variant == "ours_aot_cold":
+    if variant in ("ours_aot_cold", "ours_blocks"):
         packages = list(Path(job["graphs_dir"]).rglob("*.pt2"))
         result["graphs_saved"] = len(packages)
         result["graphs_saved_mb"] = sum(p.stat().st_size for p in packages) / 1e6

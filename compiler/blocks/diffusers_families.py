@@ -1,0 +1,147 @@
+"""diffusers' transformer families: how their pipelines call them, built from the model's config.
+
+Each example call has the input structure the family's pipeline uses (the
+same keyword inputs, the same optional inputs present or absent), so the
+block graphs prepared from it serve the pipeline's calls:
+
+- Flux (`FluxTransformer2DModel`): packed latents `[B, (H/2)(W/2), C]`,
+  `img_ids`/`txt_ids` position ids, pooled text, timestep (and guidance for
+  guidance-distilled checkpoints);
+- SD3/3.5 (`SD3Transformer2DModel`): latents `[B, C, H, W]`, patch size from
+  the config;
+- Wan 2.1/2.2 (`WanTransformer3DModel`): latents `[B, C, F, H, W]`, frames a
+  separate axis; image-to-video checkpoints also take 257 image tokens;
+- Qwen-Image (`QwenImageTransformer2DModel`): packed latents and `img_shapes`;
+  the pipeline passes no text mask for an unpadded prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .family import BlockFamily, _randn, config_value, generator_for, model_dtype_device
+from .tokens import Dims, Geometry
+
+
+class FluxFamily(BlockFamily):
+    name = "flux"
+    geometry = Geometry(patch=2)  # 2x2 latent pixels are packed into one token
+    spatial_multiple = 2
+    block_classes = ("FluxTransformerBlock", "FluxSingleTransformerBlock")
+
+    def example_call(self, model, dims: Dims) -> Tuple[tuple, dict]:
+        like, gen = model_dtype_device(model), generator_for(dims)
+        dtype, device = like
+        batch, text = dims.batch, dims.text
+        height, width = dims.height // 2, dims.width // 2
+        ids = torch.zeros(height, width, 3)
+        ids[..., 1] += torch.arange(height)[:, None]
+        ids[..., 2] += torch.arange(width)[None, :]
+        kwargs = {
+            "hidden_states": _randn((batch, height * width, config_value(model, "in_channels", 64)), like, gen),
+            "encoder_hidden_states": _randn((batch, text, config_value(model, "joint_attention_dim", 4096)), like, gen),
+            "pooled_projections": _randn((batch, config_value(model, "pooled_projection_dim", 768)), like, gen),
+            "timestep": torch.full((batch,), 0.5, dtype=dtype, device=device),
+            "img_ids": ids.reshape(height * width, 3).to(device=device, dtype=dtype),
+            "txt_ids": torch.zeros(text, 3, device=device, dtype=dtype),
+            "return_dict": False,
+        }
+        if config_value(model, "guidance_embeds", False):
+            kwargs["guidance"] = torch.full((batch,), 3.5, dtype=torch.float32, device=device)
+        return (), kwargs
+
+
+class SD3Family(BlockFamily):
+    name = "sd3"
+    spatial_multiple = 2
+    block_classes = ("JointTransformerBlock",)
+
+    def __init__(self, patch: int = 2):
+        self.geometry = Geometry(patch=patch)
+        self.spatial_multiple = patch
+
+    def example_call(self, model, dims: Dims) -> Tuple[tuple, dict]:
+        like, gen = model_dtype_device(model), generator_for(dims)
+        dtype, device = like
+        batch = dims.batch
+        return (), {
+            "hidden_states": _randn((batch, config_value(model, "in_channels", 16), dims.height, dims.width), like, gen),
+            "encoder_hidden_states": _randn((batch, dims.text, config_value(model, "joint_attention_dim", 4096)), like, gen),
+            "pooled_projections": _randn((batch, config_value(model, "pooled_projection_dim", 2048)), like, gen),
+            "timestep": torch.full((batch,), 500.0, dtype=dtype, device=device),
+            "return_dict": False,
+        }
+
+
+class WanFamily(BlockFamily):
+    name = "wan"
+    block_classes = ("WanTransformerBlock",)
+
+    def __init__(self, patch: Tuple[int, int, int] = (1, 2, 2)):
+        p_t, p_h, p_w = patch
+        # 81 video frames are 21 latent frames (the VAE keeps the first and packs 4 per latent after it)
+        self.geometry = Geometry(patch=p_h, patch_frames=p_t, video=True, default_frames=(1, 21))
+        self.spatial_multiple = p_h
+
+    def example_call(self, model, dims: Dims) -> Tuple[tuple, dict]:
+        like, gen = model_dtype_device(model), generator_for(dims)
+        dtype, device = like
+        batch = dims.batch
+        kwargs = {
+            "hidden_states": _randn((batch, config_value(model, "in_channels", 16), dims.frames, dims.height,
+                                     dims.width), like, gen),
+            "timestep": torch.full((batch,), 500, dtype=torch.long, device=device),
+            "encoder_hidden_states": _randn((batch, dims.text, config_value(model, "text_dim", 4096)), like, gen),
+            "return_dict": False,
+        }
+        image_dim = config_value(model, "image_dim", None)
+        if image_dim:  # image-to-video: CLIP image tokens (257) come before the text
+            kwargs["encoder_hidden_states_image"] = _randn((batch, 257, image_dim), like, gen)
+        return (), kwargs
+
+
+class QwenImageFamily(BlockFamily):
+    name = "qwen-image"
+    geometry = Geometry(patch=2)
+    spatial_multiple = 2
+    block_classes = ("QwenImageTransformerBlock",)
+
+    def example_call(self, model, dims: Dims) -> Tuple[tuple, dict]:
+        like, gen = model_dtype_device(model), generator_for(dims)
+        dtype, device = like
+        batch = dims.batch
+        height, width = dims.height // 2, dims.width // 2
+        kwargs = {
+            "hidden_states": _randn((batch, height * width, config_value(model, "in_channels", 64)), like, gen),
+            "timestep": torch.full((batch,), 0.5, dtype=dtype, device=device),
+            "encoder_hidden_states": _randn((batch, dims.text, config_value(model, "joint_attention_dim", 3584)),
+                                            like, gen),
+            "encoder_hidden_states_mask": None,
+            "img_shapes": [[(1, height, width)]] * batch,
+            "return_dict": False,
+        }
+        if config_value(model, "guidance_embeds", False):
+            kwargs["guidance"] = torch.full((batch,), 4.0, dtype=dtype, device=device)
+        return (), kwargs
+
+
+def diffusers_family(model: torch.nn.Module) -> Optional[BlockFamily]:
+    """The block family of a diffusers transformer, or None for a class it does not know."""
+    name = type(model).__name__
+    if name == "FluxTransformer2DModel":
+        return FluxFamily()
+    if name == "SD3Transformer2DModel":
+        return SD3Family(patch=int(config_value(model, "patch_size", 2)))
+    if name == "WanTransformer3DModel":
+        return WanFamily(patch=tuple(config_value(model, "patch_size", (1, 2, 2))))
+    if name == "QwenImageTransformer2DModel":
+        return QwenImageFamily()
+    return None
+
+
+KNOWN: Dict[str, str] = {
+    "FluxTransformer2DModel": "flux", "SD3Transformer2DModel": "sd3",
+    "WanTransformer3DModel": "wan", "QwenImageTransformer2DModel": "qwen-image",
+}

@@ -1,0 +1,183 @@
+"""One block structure -> one weight-free AOTInductor graph over declared token ranges.
+
+The block is exported with torch.export (batch and token dimensions dynamic
+with the bounds `tokens.role_bounds` gives), packaged by AOTInductor without
+its weights, and returned as the aot backend's own `AotGraph`, so the graph
+store saves and loads it like any other graph and each instance's weights are
+bound before its call.
+
+Tracing uses backed sizes from a probe call whose dynamic sizes are all >= 2
+and differ from each other (`tokens.probe_dims`). Export then assumes those
+sizes are >= 2 (it specialises 0 and 1); with size-oblivious tracing instead
+(what the whole-model path uses) a Flux block's `flatten`/`.contiguous()`
+adds a "batch != 1" guard, so either way a graph would exclude batch 1 or
+one text token, and the usual cure is a second graph per structure. A graph
+traced at >= 2 computes the same at 1 for these blocks (the guard decides
+view vs copy, not values), so the `>= 2` guards where the declared range
+starts at 1 are widened to 1 after running the graph at those sizes against
+the block's eager forward (`check_unit_sizes`); if they differ, they stay and
+size 1 runs eager with the reason. One compile per block structure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from ..backends.aot import PACKAGE_CONFIG, AotGraph, _guards_from, _load_runner
+from ..backends.base import CompileFailed, PackageInfo
+from ..flat_module import FlatForward, dump_out_spec
+from ..keys import GraphKey
+from ..signature import FlatCall
+
+Bounds = List[Dict[int, Tuple[int, int]]]
+Progress = Callable[[str, float], None]
+
+
+def none_to_empty(output):
+    """A block's output with None entries (SD3's last block returns no text stream) as empty tuples.
+
+    Graph outputs are tensors; an empty tuple has no leaves, so the graph's
+    output structure keeps the place and `empty_to_none` restores it.
+    """
+    if isinstance(output, (tuple, list)):
+        return type(output)(() if item is None else none_to_empty(item) for item in output)
+    return output
+
+
+def empty_to_none(output):
+    if isinstance(output, (tuple, list)):
+        return type(output)(None if isinstance(item, tuple) and not item else empty_to_none(item) for item in output)
+    return output
+
+
+def _block_forward(module: torch.nn.Module, *args, **kwargs):
+    return none_to_empty(type(module).forward(module, *args, **kwargs))
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else type(error).__name__
+
+
+@contextlib.contextmanager
+def _trace_settings():
+    """Keep equal-sized dims apart (no duck shapes); sizes are backed by the probe's."""
+    import torch.fx.experimental._config as fx_config
+
+    with fx_config.patch(use_duck_shape=False, backed_size_oblivious=False):
+        yield
+
+
+UnitCheck = Callable[[AotGraph, Dict[str, Tuple[int, int]]], Optional[str]]
+
+
+def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: GraphKey,
+                 progress: Progress = lambda stage, fraction: None,
+                 check_unit_sizes: Optional[UnitCheck] = None) -> Tuple[AotGraph, List[str]]:
+    """Export and package one block: (graph, notes); CompileFailed says why not.
+
+    `check_unit_sizes(candidate, guards)` is asked whether the graph also
+    serves sizes of 1 the range declares (see `unit_guards`); the candidate
+    has those guards widened to 1. None means yes and the candidate is
+    returned; a reason keeps the traced guards (size 1 then runs eager) and
+    becomes a note.
+    """
+    from torch.export import Dim
+
+    flat = FlatForward(module, _block_forward, call)
+    dynamic = [{d: Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in b.items()} for b in bounds]
+    progress("tracing with torch.export", 0.05)
+    try:
+        with _trace_settings(), torch.no_grad():
+            program = torch.export.export(flat, (list(call.tensors),), dynamic_shapes=(dynamic,), strict=False)
+    except Exception as error:  # export failures are many and varied
+        raise CompileFailed(f"torch.export failed: {type(error).__name__}: {_first_line(error)}") from error
+    if flat.out_spec is None:
+        raise CompileFailed("the block's output structure was not seen while tracing")
+    try:
+        guards = _guards_from(program)
+    except Exception as error:
+        raise CompileFailed(f"the graph's shape guards cannot be written down: {_first_line(error)}") from error
+    out_spec = dump_out_spec(flat.out_spec)
+    if out_spec is None:
+        raise CompileFailed("the block's output structure cannot be saved")
+    progress("compiling with AOTInductor", 0.3)
+    with tempfile.TemporaryDirectory(prefix="keepfast-block-") as folder:
+        target = os.path.join(folder, "graph.pt2")
+        try:
+            torch._inductor.aoti_compile_and_package(program, package_path=target, inductor_configs=PACKAGE_CONFIG)
+        except Exception as error:
+            raise CompileFailed(f"AOTInductor failed: {type(error).__name__}: {_first_line(error)}") from error
+        package = Path(target).read_bytes()
+    progress("loading the compiled package", 0.9)
+
+    def build(guard_list: List[str]) -> AotGraph:
+        info = PackageInfo(guards=list(guard_list), out_spec=out_spec, input_paths=call.tensor_paths,
+                           constant_names=names)
+        return AotGraph(key.with_variant(guard_list), package, info, origin="compiled")
+
+    try:
+        names = sorted(_load_runner(package).get_constant_fqns())
+    except Exception as error:
+        raise CompileFailed(f"the compiled package does not load: {type(error).__name__}: {_first_line(error)}") from error
+    try:
+        graph = build(guards)
+    except CompileFailed:
+        raise
+    except Exception as error:  # e.g. a guard form the guard checker does not read
+        raise CompileFailed(f"the graph's shape guards cannot be checked: {type(error).__name__}: "
+                            f"{_first_line(error)}") from error
+    notes: List[str] = []
+    units = unit_guards(graph, bounds)
+    if units and check_unit_sizes is not None:
+        progress("checking sizes of 1 against eager", 0.95)
+        candidate = build([g.replace(" >= 2", " >= 1") if g in units else g for g in guards])
+        problem = check_unit_sizes(candidate, units)
+        if problem is None:
+            graph = candidate
+        else:
+            notes.append(f"sizes of 1 run eager: {problem}")
+    return graph, notes
+
+
+# -- sizes of 1 -------------------------------------------------------------------
+
+def unit_guards(graph: AotGraph, bounds: Bounds) -> Dict[str, Tuple[int, int]]:
+    """Range guards `size >= 2` that export added where the declared range starts at 1.
+
+    Traced with backed sizes, export assumes every dynamic size is >= 2 (0 and
+    1 are specialised); the code it generates does not depend on that for the
+    shapes a block sees, which `widen_to_one` checks by running before it trusts it.
+    Returns guard text -> (input index, dim).
+    """
+    from ..guards import size_ref
+
+    out = {}
+    for leaf, dims in enumerate(bounds):
+        for dim, (low, _high) in dims.items():
+            text = f"{size_ref(leaf, dim)} >= 2"
+            if low <= 1 and text in graph.info.guards:
+                out[text] = (leaf, dim)
+    return out
+
+
+def max_difference(output, reference) -> Tuple[float, float]:
+    """(largest absolute difference, largest absolute reference value) over an output tree."""
+    import torch.utils._pytree as pytree
+
+    got, want = pytree.tree_leaves(output), pytree.tree_leaves(reference)
+    if len(got) != len(want):
+        return float("inf"), 0.0
+    diff, scale = 0.0, 0.0
+    for a, b in zip(got, want):
+        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape:
+            return float("inf"), 0.0
+        diff = max(diff, float((a.float() - b.float()).abs().max()) if a.numel() else 0.0)
+        scale = max(scale, float(b.float().abs().max()) if b.numel() else 0.0)
+    return diff, scale

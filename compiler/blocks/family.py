@@ -1,0 +1,64 @@
+"""What the block engine needs to know about a model family, and nothing of where the model comes from.
+
+A family says how pixels and frames become tokens (`geometry`), which latent
+sizes are valid (`spatial_multiple`), which classes are its blocks, and how to
+make a call of the whole model at given sizes from the model's config
+(`example_call`): the engine runs two such calls to learn what each block
+input dimension is, and the same calls let graphs be saved before any image
+was generated. diffusers' families are in `diffusers_families`; the ComfyUI
+adapter defines its own for ComfyUI's classes (the compiler never imports
+ComfyUI).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Tuple
+
+import torch
+
+from .tokens import Dims, Geometry
+
+
+class BlockFamily:
+    name: str = "generic"
+    geometry: Geometry = Geometry()
+    spatial_multiple: int = 2  # latent pixels; a valid latent side is a multiple of it
+    block_classes: Optional[Sequence[str]] = None  # None: the model's `_repeated_blocks`, else found by structure
+
+    def example_call(self, model: torch.nn.Module, dims: Dims) -> Tuple[tuple, dict]:
+        """A call of the whole model at `dims`, built from its config (random inputs)."""
+        raise NotImplementedError
+
+    def block_inputs(self, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+        """A block call's inputs without bookkeeping a graph does not take (ComfyUI's
+        `transformer_options`); the block's eager forward still gets the call as made."""
+        return args, kwargs
+
+    def describe(self) -> str:
+        return self.name
+
+
+def _randn(shape, like: Tuple[torch.dtype, torch.device], generator: torch.Generator) -> torch.Tensor:
+    dtype, device = like
+    return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+
+
+def model_dtype_device(model: torch.nn.Module) -> Tuple[torch.dtype, torch.device]:
+    for tensor in model.parameters():
+        if tensor.is_floating_point():
+            return tensor.dtype, tensor.device
+    return torch.get_default_dtype(), torch.device("cpu")
+
+
+def generator_for(dims: Dims, seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed + 7919 * dims.batch + 104729 * dims.text + dims.height * 31 + dims.width)
+
+
+def config_value(model: torch.nn.Module, name: str, default: Any = None) -> Any:
+    config = getattr(model, "config", None)
+    if config is None:
+        return default
+    value = getattr(config, name, None)
+    if value is None and hasattr(config, "get"):
+        value = config.get(name, None)
+    return default if value is None else value

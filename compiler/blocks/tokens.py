@@ -1,0 +1,228 @@
+"""From a declared range in pixels and frames to the token ranges a block sees.
+
+A user declares latent pixels (`spatial`), text tokens (`sequence`), batch and,
+for video models, latent frames (`frames`). A transformer block never sees
+pixels: it sees `[batch, tokens, channels]` where tokens = frames x (height /
+patch) x (width / patch), text tokens, or both joined (Flux's rotary tables
+cover text and image tokens). This module turns the declared range into
+bounds for those roles, picks two small probe sizes inside the range, and
+learns which dimension of which block input is which role by comparing the
+block inputs of the two probes.
+
+Roles of a block input dimension:
+
+- `batch`, `tokens` (image/video tokens), `sequence` (text tokens);
+- `joint`: tokens + sequence;
+- `<role>+<n>`: a role plus a constant (e.g. 257 image-prompt tokens before
+  the text);
+- anything else that changes between the probes is *unknown*: that block
+  structure runs eager, with the input named in the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from ..shapes import ShapeRange
+
+BATCH, TOKENS, SEQUENCE, JOINT = "batch", "tokens", "sequence", "joint"
+BASE_ROLES = (BATCH, TOKENS, SEQUENCE, JOINT)
+
+RoleMap = Dict[str, Dict[int, str]]  # input path -> dim -> role
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The sizes of one call of the whole model, in the units a user declares."""
+
+    batch: int
+    height: int  # latent pixels
+    width: int
+    frames: int = 1  # latent frames (1 for images)
+    text: int = 77  # text tokens
+
+    def describe(self) -> str:
+        frames = f" x {self.frames} frames" if self.frames != 1 else ""
+        return f"batch {self.batch}, latent {self.height}x{self.width}{frames}, {self.text} text tokens"
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How latent pixels and frames become tokens: one token per patch."""
+
+    patch: int = 2  # latent pixels per token side (patch size x packing)
+    patch_frames: int = 1
+    video: bool = False
+    default_frames: Tuple[int, int] = (1, 1)
+
+    def tokens(self, dims: Dims) -> int:
+        return (dims.frames // self.patch_frames) * (dims.height // self.patch) * (dims.width // self.patch)
+
+    def frames_range(self, shape_range: ShapeRange) -> Tuple[int, int]:
+        if shape_range.frames is not None:
+            return tuple(shape_range.frames)
+        return self.default_frames if self.video else (1, 1)
+
+    def token_range(self, shape_range: ShapeRange) -> Tuple[int, int]:
+        low, high = shape_range.spatial
+        f_low, f_high = self.frames_range(shape_range)
+        side_low = max(1, math.ceil(low / self.patch))
+        side_high = max(side_low, high // self.patch)
+        frames_low = max(1, f_low // self.patch_frames)
+        frames_high = max(frames_low, f_high // self.patch_frames)
+        return frames_low * side_low * side_low, frames_high * side_high * side_high
+
+    def block_range(self, shape_range: ShapeRange) -> ShapeRange:
+        """The declared range with the token bounds (and frames) filled in: the key of a block graph."""
+        frames = self.frames_range(shape_range) if self.video else shape_range.frames
+        return replace(shape_range, frames=frames, tokens=self.token_range(shape_range))
+
+
+def role_values(counts: Dict[str, int]) -> Dict[str, int]:
+    out = dict(counts)
+    out[JOINT] = counts[TOKENS] + counts[SEQUENCE]
+    return out
+
+
+def counts_of(geometry: Geometry, dims: Dims) -> Dict[str, int]:
+    return role_values({BATCH: dims.batch, TOKENS: geometry.tokens(dims), SEQUENCE: dims.text})
+
+
+def role_bounds(role: str, block_range: ShapeRange) -> Tuple[int, int]:
+    """Inclusive bounds of a role (with its constant offset) in a block range."""
+    base, _, offset = role.partition("+")
+    extra = int(offset) if offset else 0
+    if base == JOINT:
+        t_low, t_high = block_range.bounds(TOKENS)
+        s_low, s_high = block_range.bounds(SEQUENCE)
+        low, high = t_low + s_low, t_high + s_high
+    else:
+        low, high = block_range.bounds(base)
+    return low + extra, high + extra
+
+
+# -- probes -------------------------------------------------------------------
+
+def _two(low: int, high: int, preferred: Iterable[int]) -> Tuple[int, int]:
+    """Two different values inside [low, high], preferring the given ones (>= 2 avoids 0/1 special cases)."""
+    picks: List[int] = []
+    for value in list(preferred) + list(range(low, high + 1)):
+        if low <= value <= high and value not in picks:
+            picks.append(value)
+        if len(picks) == 2:
+            break
+    if not picks:
+        raise ValueError(f"empty range {low}-{high}")
+    return picks[0], picks[-1]
+
+
+def _multiple_at_least(value: int, multiple: int) -> int:
+    return max(multiple, value + (-value) % multiple)
+
+
+def probe_dims(geometry: Geometry, shape_range: ShapeRange, spatial_multiple: int) -> Tuple[Dims, Dims]:
+    """Two small calls inside the range whose roles all differ, so each block dimension can be named.
+
+    Each role takes a different size in the two probes where the range allows
+    it, and no two roles change the same way (else a dimension could not be
+    told apart); sizes are kept >= 2, where tracing treats 0 and 1 specially.
+    """
+    b1, b2 = _two(*shape_range.batch, preferred=(2, 3))
+    low, high = shape_range.spatial
+    side = _multiple_at_least(max(low, 2 * spatial_multiple), spatial_multiple)
+    if side > high:
+        side = _multiple_at_least(low, spatial_multiple)
+    wider = side + spatial_multiple if side + spatial_multiple <= high else side
+    f_low, f_high = geometry.frames_range(shape_range)
+    f1, f2 = _two(f_low, f_high, preferred=(max(f_low, 2), max(f_low, 2) + 1)) if geometry.video else (1, 1)
+    s_low, s_high = shape_range.sequence
+    first = Dims(b1, side, wider, f1, 0)
+    second = Dims(b2, wider, wider, f2, 0)
+    for t1, t2 in _text_candidates(s_low, s_high):
+        pair = (replace(first, text=t1), replace(second, text=t2))
+        if _distinct(geometry, *pair):
+            return pair
+    t1, t2 = _two(s_low, s_high, preferred=(7, 11))
+    return replace(first, text=t1), replace(second, text=t2)
+
+
+def _text_candidates(low: int, high: int) -> Iterable[Tuple[int, int]]:
+    for t1 in (7, 11, 13, 5, 17, 19, 23, 3):
+        for t2 in (11, 13, 17, 19, 23, 29, 31, 9, 4):
+            if t1 != t2 and low <= t1 <= high and low <= t2 <= high:
+                yield t1, t2
+    if low != high:
+        yield low, high
+
+
+def _distinct(geometry: Geometry, first: Dims, second: Dims) -> bool:
+    """No two changing roles change alike; the first probe (the one traced) has no size below 2."""
+    a, b = counts_of(geometry, first), counts_of(geometry, second)
+    pairs = [(a[r], b[r]) for r in BASE_ROLES if a[r] != b[r]]
+    return len(set(pairs)) == len(pairs) and all(a[r] >= 2 for r in BASE_ROLES if a[r] != b[r])
+
+
+# -- naming the dimensions of block inputs --------------------------------------
+
+class UnknownDimension(Exception):
+    """A block input dimension changes with the call in a way no role explains."""
+
+
+def infer_roles(paths: Sequence[str], shapes_a: Sequence[Sequence[int]], shapes_b: Sequence[Sequence[int]],
+                counts_a: Dict[str, int], counts_b: Dict[str, int]) -> RoleMap:
+    """Name each dimension that differs between the two probes' block inputs.
+
+    A dimension equal in both probes is static. One that differs is the role
+    whose two sizes it equals, else a role plus a constant (`sequence+257`),
+    tried in the order batch, tokens, sequence, joint; else UnknownDimension.
+    """
+    roles: RoleMap = {}
+    for path, shape_a, shape_b in zip(paths, shapes_a, shapes_b):
+        if len(shape_a) != len(shape_b):
+            raise UnknownDimension(f"input {path} has rank {len(shape_a)} in one call and {len(shape_b)} in another")
+        dims: Dict[int, str] = {}
+        for dim, (x, y) in enumerate(zip(shape_a, shape_b)):
+            if x == y:
+                continue
+            role = _match(x, y, counts_a, counts_b)
+            if role is None:
+                raise UnknownDimension(
+                    f"{path}.shape[{dim}] is {x} in one call and {y} in another, which is none of batch "
+                    f"({counts_a[BATCH]}, {counts_b[BATCH]}), image tokens ({counts_a[TOKENS]}, {counts_b[TOKENS]}) "
+                    f"or text tokens ({counts_a[SEQUENCE]}, {counts_b[SEQUENCE]})"
+                )
+            dims[dim] = role
+        if dims:
+            roles[path] = dims
+    return roles
+
+
+def _match(x: int, y: int, counts_a: Dict[str, int], counts_b: Dict[str, int]) -> Optional[str]:
+    for role in BASE_ROLES:
+        if counts_a[role] == x and counts_b[role] == y:
+            return role
+    for role in BASE_ROLES:
+        offset = x - counts_a[role]
+        if offset > 0 and y - counts_b[role] == offset:
+            return f"{role}+{offset}"
+    return None
+
+
+def shapes_at(shapes: Sequence[Sequence[int]], paths: Sequence[str], roles: RoleMap,
+              counts: Dict[str, int]) -> List[Tuple[int, ...]]:
+    """The input shapes a block would see at other role sizes (for checking guards at range corners)."""
+    out = []
+    for shape, path in zip(shapes, paths):
+        dims = roles.get(path, {})
+        resized = []
+        for dim, size in enumerate(shape):
+            role = dims.get(dim)
+            if role is None:
+                resized.append(int(size))
+                continue
+            base, _, offset = role.partition("+")
+            resized.append(counts[base] + (int(offset) if offset else 0))
+        out.append(tuple(resized))
+    return out

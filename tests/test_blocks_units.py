@@ -1,0 +1,96 @@
+"""The block engine's pure parts: finding blocks, token ranges, probes, naming dimensions, range keys.
+
+No compile here (fast).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compiler import ShapeRange
+from compiler.blocks import find_blocks
+from compiler.blocks import tokens as T
+from compiler.blocks.diffusers_families import diffusers_family
+from compiler.keys import FamilyKey, GraphKey
+from tests.support import tiny_transformers as tt
+
+
+def test_blocks_are_grouped_by_structure_not_by_position():
+    groups = find_blocks(tt.build("flux"))
+    assert [(g.class_name, len(g.instances)) for g in groups] == [
+        ("FluxTransformerBlock", 2), ("FluxSingleTransformerBlock", 3)]
+    assert groups[1].paths == [f"single_transformer_blocks.{i}" for i in range(3)]
+    sd3 = find_blocks(tt.build("sd3"))  # the last block drops the text output: a structure of its own
+    assert [(g.class_name, len(g.instances)) for g in sd3] == [("JointTransformerBlock", 2), ("JointTransformerBlock", 1)]
+    assert sd3[1].paths == ["transformer_blocks.2"]
+
+
+def test_blocks_are_found_by_structure_without_declared_classes():
+    class Block(torch.nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(width)
+            self.proj = torch.nn.Linear(width, width)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Linear(4, 8)
+            self.layers = torch.nn.ModuleList([Block(8), Block(8), Block(8)])
+            self.heads = torch.nn.ModuleList([torch.nn.Linear(8, 8), torch.nn.Dropout()])  # not a stack
+
+    groups = find_blocks(Model())
+    assert [(g.class_name, g.paths) for g in groups] == [("Block", ["layers.0", "layers.1", "layers.2"])]
+
+
+def test_token_ranges_follow_patches_and_frames():
+    flux = diffusers_family(tt.build("flux")).geometry
+    assert flux.token_range(ShapeRange(spatial=(16, 128))) == (8 * 8, 64 * 64)
+    wan = diffusers_family(tt.build("wan")).geometry
+    assert wan.token_range(ShapeRange(spatial=(8, 24), frames=(1, 5))) == (1 * 4 * 4, 5 * 12 * 12)
+    assert wan.token_range(ShapeRange(spatial=(8, 24))) == (16, 21 * 144)  # 81 frames by default
+    assert wan.tokens(T.Dims(1, 16, 24, frames=3)) == 3 * 8 * 12  # frames are their own axis
+
+
+def test_a_range_without_frames_or_tokens_keeps_its_key():
+    old = {"batch": [1, 4], "spatial": [8, 64], "sequence": [1, 77]}
+    plain = ShapeRange.from_json(old)
+    assert plain.to_json() == old  # graph ids of whole-model graphs do not change
+    blocks = T.Geometry(patch=2).block_range(plain)
+    assert blocks.tokens == (16, 32 * 32)
+    assert ShapeRange.from_json(blocks.to_json()) == blocks
+    family = FamilyKey("A", "s", "i", "float32", "cpu", "aot", "2")
+    assert GraphKey(family, plain).id != GraphKey(family, blocks).id
+    assert "tokens 16-1024" in blocks.describe()
+
+
+def test_probes_change_every_role_differently():
+    for rng in (tt.RANGE, ShapeRange(batch=(1, 2), spatial=(16, 16), sequence=(512, 512)),
+                ShapeRange(batch=(1, 8), spatial=(32, 128), sequence=(1, 512))):
+        geometry = T.Geometry(patch=2)
+        first, second = T.probe_dims(geometry, rng, 2)
+        a, b = T.counts_of(geometry, first), T.counts_of(geometry, second)
+        changing = [(a[r], b[r]) for r in T.BASE_ROLES if a[r] != b[r]]
+        assert len(set(changing)) == len(changing), (first, second)
+        assert all(a[r] >= 2 for r in T.BASE_ROLES if a[r] != b[r])  # the traced probe
+        for dims in (first, second):
+            assert rng.batch[0] <= dims.batch <= rng.batch[1]
+            assert rng.spatial[0] <= dims.height <= rng.spatial[1] and dims.height % 2 == 0
+            assert rng.sequence[0] <= dims.text <= rng.sequence[1]
+
+
+def test_dimensions_are_named_from_two_probes():
+    a = {"batch": 2, "tokens": 20, "sequence": 7, "joint": 27}
+    b = {"batch": 3, "tokens": 25, "sequence": 11, "joint": 36}
+    paths = ["hidden", "text", "rotary", "image_and_text", "table"]
+    roles = T.infer_roles(paths, [(2, 20, 32), (2, 7, 32), (27, 16), (2, 257 + 7, 32), (1, 20, 1, 8)],
+                          [(3, 25, 32), (3, 11, 32), (36, 16), (3, 257 + 11, 32), (1, 25, 1, 8)], a, b)
+    assert roles == {"hidden": {0: "batch", 1: "tokens"}, "text": {0: "batch", 1: "sequence"},
+                     "rotary": {0: "joint"}, "image_and_text": {0: "batch", 1: "sequence+257"},
+                     "table": {1: "tokens"}}
+    with pytest.raises(T.UnknownDimension, match=r"odd\.shape\[1\] is 40 in one call and 50"):
+        T.infer_roles(["odd"], [(2, 40)], [(3, 50)], a, b)
+    rng = ShapeRange(batch=(1, 4), spatial=(8, 24), sequence=(1, 40), tokens=(16, 144))
+    assert T.role_bounds("joint", rng) == (17, 184)
+    assert T.role_bounds("sequence+257", rng) == (258, 297)
