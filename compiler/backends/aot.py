@@ -26,7 +26,7 @@ import tempfile
 import threading
 import weakref
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -210,6 +210,39 @@ def _load_runner(folder: Path, package_bytes: bytes):
     return AOTICompiledModel(loader)
 
 
+def build_package(ep: "torch.export.ExportedProgram", progress: Progress = no_progress) -> Tuple[bytes, List[str], dict]:
+    """AOTInductor package of an exported program, weights left out: (bytes, weight names, machine needs).
+
+    The one place packages are built (whole models and transformer blocks):
+    for a named CPU level (so the graph runs on every CPU of that level), in
+    the pack's own folder, and loaded once -- without probing the CPU -- to
+    read the weight names it needs and what it needs of a machine.
+    """
+    march = machine_fit.build_march()
+    configs = {**PACKAGE_CONFIG, **({"cpp.march": march} if march else {})}
+    with tempfile.TemporaryDirectory(prefix="keepfast-aoti-", dir=extraction.run_folder()) as folder:
+        target = os.path.join(folder, "graph.pt2")
+        try:
+            torch._inductor.aoti_compile_and_package(ep, package_path=target, inductor_configs=configs)
+        except Exception as error:
+            raise CompileFailed(f"AOTInductor failed: {type(error).__name__}: {_first_line(error)}") from error
+        package = Path(target).read_bytes()
+    progress("loading the compiled package", 0.95)
+    folder = extraction.extract(package, "compiled")
+    try:
+        needs = machine_fit.needs_of_package(_package_metadata(folder), march, built_here=True)
+        try:
+            runner = _load_runner(folder, package)
+            names = sorted(runner.get_constant_fqns())
+        except Exception as error:
+            raise CompileFailed(f"the compiled package does not load: {type(error).__name__}: "
+                                f"{_first_line(error)}") from error
+        del runner
+    finally:
+        extraction.remove(folder)
+    return package, names, needs
+
+
 class AotBackend(Backend):
     name = "aot"
     persistent = True
@@ -236,24 +269,7 @@ class AotBackend(Backend):
             input_paths=call.tensor_paths,
         )
         progress("compiling with AOTInductor", 0.3)
-        march = machine_fit.build_march()  # a named CPU level, so the graph runs on every CPU of that level
-        configs = {**PACKAGE_CONFIG, **({"cpp.march": march} if march else {})}
-        with tempfile.TemporaryDirectory(prefix="keepfast-aoti-", dir=extraction.run_folder()) as folder:
-            target = os.path.join(folder, "graph.pt2")
-            try:
-                torch._inductor.aoti_compile_and_package(ep, package_path=target, inductor_configs=configs)
-            except Exception as error:
-                raise CompileFailed(f"AOTInductor failed: {type(error).__name__}: {_first_line(error)}") from error
-            package = Path(target).read_bytes()
-        progress("loading the compiled package", 0.95)
-        folder = extraction.extract(package, "compiled")
-        try:
-            info.needs = machine_fit.needs_of_package(_package_metadata(folder), march, built_here=True)
-            runner = _load_runner(folder, package)
-            info.constant_names = sorted(runner.get_constant_fqns())
-            del runner
-        finally:
-            extraction.remove(folder)
+        package, info.constant_names, info.needs = build_package(ep, progress)
         return AotGraph(key.with_variant(guards), package, info, origin="compiled")
 
     def load_bytes(self, package_bytes: bytes, key: GraphKey, info: PackageInfo) -> AotGraph:

@@ -22,14 +22,11 @@ size 1 runs eager with the reason. One compile per block structure.
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
-from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ..backends.aot import PACKAGE_CONFIG, AotGraph, _guards_from, _load_runner
+from ..backends.aot import AotGraph, _guards_from, build_package
 from ..backends.base import CompileFailed, PackageInfo
 from ..flat_module import FlatForward, dump_out_spec
 from ..keys import GraphKey
@@ -101,31 +98,22 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
     if flat.out_spec is None:
         raise CompileFailed("the block's output structure was not seen while tracing")
     try:
-        guards = _guards_from(program)
+        guards = _guards_from(program, call)
+    except CompileFailed:
+        raise
     except Exception as error:
         raise CompileFailed(f"the graph's shape guards cannot be written down: {_first_line(error)}") from error
     out_spec = dump_out_spec(flat.out_spec)
     if out_spec is None:
         raise CompileFailed("the block's output structure cannot be saved")
     progress("compiling with AOTInductor", 0.3)
-    with tempfile.TemporaryDirectory(prefix="keepfast-block-") as folder:
-        target = os.path.join(folder, "graph.pt2")
-        try:
-            torch._inductor.aoti_compile_and_package(program, package_path=target, inductor_configs=PACKAGE_CONFIG)
-        except Exception as error:
-            raise CompileFailed(f"AOTInductor failed: {type(error).__name__}: {_first_line(error)}") from error
-        package = Path(target).read_bytes()
-    progress("loading the compiled package", 0.9)
+    package, names, needs = build_package(program, progress)
 
     def build(guard_list: List[str]) -> AotGraph:
         info = PackageInfo(guards=list(guard_list), out_spec=out_spec, input_paths=call.tensor_paths,
-                           constant_names=names)
+                           constant_names=names, needs=needs)
         return AotGraph(key.with_variant(guard_list), package, info, origin="compiled")
 
-    try:
-        names = sorted(_load_runner(package).get_constant_fqns())
-    except Exception as error:
-        raise CompileFailed(f"the compiled package does not load: {type(error).__name__}: {_first_line(error)}") from error
     try:
         graph = build(guards)
     except CompileFailed:
