@@ -27,14 +27,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from ..backends import DEFAULT_BACKEND
-from ..registry import COMPILE, FALLBACK, PROGRESS, GraphRegistry, default_registry
+from ..registry import FALLBACK, PROGRESS, GraphRegistry, default_registry
 from ..shapes import DEFAULT_RANGE, ShapeRange
 from ..store import GraphStore
 from ..structure import architecture_name, structure_hash
