@@ -138,6 +138,11 @@ class GraphCache:
             why = why or reason
         return None, why
 
+    def count_hit(self) -> None:
+        """A call served by a graph found outside `find` (a block graph serving its next instance)."""
+        with self._lock:
+            self.hits += 1
+
     def get(self, graph_id: str) -> Optional[CompiledGraph]:
         with self._lock:
             return self._graphs.get(graph_id)
@@ -232,6 +237,9 @@ class GraphRegistry:
 
     def family_lock(self, family: FamilyKey) -> threading.Lock:
         return self.cache.family_lock(family)
+
+    def count_hit(self) -> None:
+        self.cache.count_hit()
 
     def find(self, family: FamilyKey, call: FlatCall) -> tuple[Optional[CompiledGraph], Optional[str]]:
         return self.cache.find(family, call)

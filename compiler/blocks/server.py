@@ -215,7 +215,7 @@ class BlockServer:
             for graph in registry.family_graphs(family):
                 # a graph built for a narrower range would leave part of this one eager
                 if graph.key.shape_range.covers(key.shape_range) and graph.why_not(call) is None:
-                    registry.hits += 1
+                    registry.count_hit()
                     self.origin = graph.origin
                     return graph, None
             graph, why = self._load(family, call, key)
@@ -445,7 +445,7 @@ class BlockServer:
             return self._eager(instance, self.reason, args, kwargs)
         instance.graph_calls += 1
         instance.last_status = f"{self.origin} graph"
-        engine.registry.hits += 1
+        engine.registry.count_hit()
         if self._recorded:
             self._recorded.clear()  # a reason that comes back is recorded again
         return output
