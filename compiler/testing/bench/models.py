@@ -268,7 +268,7 @@ class TransformerSpec:
         return [(b, h, w, f) for (h, w, f) in self.sweep_sizes for b in self.sweep_batches]
 
     def shape_range(self):
-        from ..shapes import ShapeRange
+        from ...shapes import ShapeRange
 
         frames = self.range_frames if self.name == "wan" else None
         return ShapeRange(batch=self.range_batch, spatial=self.range_spatial, sequence=(1, self.text), frames=frames)
@@ -301,13 +301,13 @@ class TransformerSpec:
         return WanTransformer3DModel(**self.config).eval()
 
     def family(self, model):
-        from ..blocks.diffusers_families import diffusers_family
+        from ...blocks.diffusers_families import diffusers_family
 
         return diffusers_family(model)
 
     def inputs(self, shape: TransformerShape, device: str, dtype, seed: int = 0, model=None) -> Tuple[tuple, dict]:
         """The call the family's pipeline makes (compiler.blocks.diffusers_families), at this shape."""
-        from ..blocks.tokens import Dims
+        from ...blocks.tokens import Dims
 
         batch, height, width, frames = shape
         args, kwargs = self.family(model).example_call(model, Dims(batch, height, width, frames, self.text))

@@ -147,9 +147,9 @@ def run_job(job: Dict[str, Any]) -> Dict[str, Any]:
 
         count = lambda: int(counters["stats"]["unique_graphs"])
     elif variant in ("ours_blocks", "ours_blocks_load"):
-        from ..blocks import BlockOptions, compile_blocks
-        from ..registry import GraphRegistry
-        from ..store import GraphStore
+        from ...blocks import BlockOptions, compile_blocks
+        from ...registry import GraphRegistry
+        from ...store import GraphStore
 
         registry = GraphRegistry()
         options = BlockOptions(shape_range=model.shape_range(), label=model.name, store=GraphStore(job["graphs_dir"]),
