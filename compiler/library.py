@@ -152,9 +152,19 @@ def graphs_folder(path: Path | str) -> Path:
 
 
 def _holds_manifests(folder: Path) -> bool:
+    """Whether a subfolder of `folder` holds a graph manifest (not just any JSON file, such as a workflow)."""
     if not folder.is_dir():
         return False
-    return any(child.is_dir() and any(child.glob("*" + MANIFEST_SUFFIX)) for child in folder.iterdir())
+    for child in folder.iterdir():
+        if not child.is_dir() or child.is_symlink():
+            continue
+        for path in sorted(child.glob("*" + MANIFEST_SUFFIX))[:3]:
+            try:
+                Manifest.read(path)
+            except (ManifestError, OSError):
+                continue
+            return True
+    return False
 
 
 def verify(store: GraphStore) -> List[Tuple[Path, str]]:

@@ -33,6 +33,8 @@ def test_the_graphs_folder_itself_verifies(saved_pipe):
 
 def test_a_folder_without_graphs_says_so(tmp_path):
     (tmp_path / "notes.txt").write_text("not a graph")
+    (tmp_path / "workflows").mkdir()
+    (tmp_path / "workflows" / "txt2img.json").write_text('{"nodes": []}')  # JSON, but no graph manifest
     result = _graphs("verify", str(tmp_path))
     assert result.returncode == 2
     assert "holds no graphs" in result.stderr and "OUT/graphs" in result.stderr
