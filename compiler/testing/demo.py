@@ -101,7 +101,7 @@ def run_demo(out: Path, steps: int = 4, load_check: bool = False) -> int:
     print("5/5 loading the graphs in a fresh process ...", flush=True)
     child = subprocess.run(
         [sys.executable, "-m", "compiler", "demo", "--out", str(out), "--steps", str(steps), "--load-check"],
-        cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,  # the repository root
     )
     if child.returncode != 0:
         print(child.stdout, child.stderr, file=sys.stderr)
