@@ -24,7 +24,7 @@ import torch
 
 from .backends import DEFAULT_BACKEND, BackendUnavailable, CompiledGraph, CompileFailed, get_backend
 from .backends.base import CannotServe, CompileDeferred, GraphMismatch, GuardsUnknown, Progress, range_failure
-from .binding import BoundCall, CallBinder, CallDoesNotBind
+from .binding import CallBinder, CallDoesNotBind
 from .environment import device_kind, dtype_name, torch_version
 from .flat_module import ForwardFn
 from .keys import FamilyKey, GraphKey
@@ -120,7 +120,6 @@ class CompiledForward:
         self._settled: Dict[tuple, Tuple[int, str]] = {}
         self._compile_failed: Dict[str, str] = {}  # family id -> why; not retried in this process
         self._declared: Dict[str, set] = {}  # family id -> input shapes a warmup asked graphs for
-        self._reported: Optional[str] = None  # the last fallback reason recorded
         self.last: Optional[Served] = None
         self.eager_calls = 0
         self.graph_calls = 0
@@ -161,9 +160,6 @@ class CompiledForward:
         """The graphs in memory for this module's structure (any input structure, dtype or backend)."""
         structure = self.structure()
         return [graph for graph in self.registry.graphs() if graph.key.family.structure == structure]
-
-    def bind(self, args: tuple, kwargs: dict) -> BoundCall:
-        return self.binder.bind(args, kwargs)
 
     def flatten(self, args: tuple, kwargs: dict) -> FlatCall:
         """The call, bound and flattened: what keys and graphs see."""
@@ -215,7 +211,6 @@ class CompiledForward:
             return self._eager(family, why or "no graph", run_eager)
         self.graph_calls += 1
         self._count("graph")
-        self._reported = None
         self.last = served
         return served
 
@@ -241,8 +236,7 @@ class CompiledForward:
     def _eager(self, family: Optional[FamilyKey], reason: str, run_eager: Callable[[], Any]) -> Served:
         self.eager_calls += 1
         self._count("eager")
-        if self._reported != reason:
-            self._reported = reason
+        if self.last is None or self.last.reason != reason:  # recorded once per change of reason
             self.registry.record(FALLBACK, family or "-", f"{self.label}: {reason}; running eager")
             log.info("%s runs eager: %s", self.label, reason)
         served = Served(run_eager(), reason=reason)

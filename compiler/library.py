@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 from .backends.base import CompiledGraph
 from .keys import FamilyKey
@@ -165,8 +165,3 @@ def _holds_manifests(folder: Path) -> bool:
                 continue
             return True
     return False
-
-
-def verify(store: GraphStore) -> List[Tuple[Path, str]]:
-    """(file, problem) for every file of the folder that does not verify."""
-    return store.verify()
