@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from comfy_api.latest import ComfyExtension, io
 
 from ..compiler import DEFAULT_BACKEND, backend_names
@@ -83,6 +85,10 @@ class KeepFastModelSpeedup(io.ComfyNode):
                 io.Boolean.Input("save_compiled", default=False,
                                  tooltip="Write each graph compiled here into models/graphs right away."),
                 _backend_input(),
+                io.Int.Input("max_frames", default=81, min=1, max=1025, optional=True,
+                             tooltip="Video models (Wan, HunyuanVideo, LTXV): most video frames the graphs "
+                                     "serve; frames are their own axis, never height or width. Image models "
+                                     "ignore it."),
             ],
             outputs=[io.Model.Output()],
         )
@@ -93,11 +99,11 @@ class KeepFastModelSpeedup(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, min_resolution, max_resolution, max_batch_size, compile, save_compiled,
-                backend=DEFAULT_BACKEND) -> io.NodeOutput:
+                backend=DEFAULT_BACKEND, max_frames=81) -> io.NodeOutput:
         runtime.setup()
         report = Report("KeepFast Model Speedup")
-        out, _ = operations.model_speedup(
-            model, _settings(min_resolution, max_resolution, max_batch_size, compile, backend, save_compiled), report)
+        settings = _settings(min_resolution, max_resolution, max_batch_size, compile, backend, save_compiled)
+        out, _ = operations.model_speedup(model, dataclasses.replace(settings, max_frames=int(max_frames)), report)
         return io.NodeOutput(out, ui=_ui(report.text()))
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Iterable, List, Optional, Tuple
 
 from ..compiler import DEFAULT_BACKEND, CompiledForward, GraphRefused, StoreError, get_backend
+from ..compiler.blocks import BlockEngine
 from ..compiler.library import GraphLibrary, trust as trust_graph
 from ..compiler.manifest import MANIFEST_SUFFIX
 from ..compiler.registry import REFUSED
@@ -67,6 +68,13 @@ def model_speedup(model, settings: Settings, report: Report):
         return model, None
     faster, runner = unet.speed_up(model, settings)
     module = faster.get_model_object("diffusion_model")
+    engine = runner.block_engine(module)
+    if engine is not None:
+        report.add(_blocks_summary(engine, settings))
+        report.add(_stored_blocks(engine))
+        if not settings.compile_on_miss:
+            report.add("compiling is off: blocks no stored graph serves run uncompiled")
+        return faster, runner
     forward = runner.forward_for(module)
     r = settings.unet_range()
     report.add(f"{forward.label}: served by {settings.backend} graphs for images "
@@ -91,6 +99,28 @@ def vae_speedup(vae, settings: Settings, report: Report):
                f"images {settings.min_size}-{settings.max_size} px, batch up to {settings.max_batch}")
     report.add(_stored_summary(runner.forwards["decode"]))
     return faster, runner
+
+
+def _blocks_summary(engine: BlockEngine, settings: Settings) -> str:
+    r = engine.block_range
+    frames = f", up to {settings.max_frames} video frames ({r.frames[1]} latent)" if engine.family.video else ""
+    kinds = ", ".join(group.describe() for group in engine.groups)
+    return (f"{engine.label}: served block by block ({kinds}): one {settings.backend} graph per block structure, "
+            f"every instance binds its own weights; the glue (embedders, position tables, final layer) runs "
+            f"uncompiled. Images {settings.min_size}-{settings.max_size} px, batch up to {settings.max_batch} "
+            f"(cond+uncond up to {r.batch[1]}), prompts up to {r.sequence[1]} tokens{frames}")
+
+
+def _stored_blocks(engine: BlockEngine) -> str:
+    structures = {group.structure for group in engine.groups}
+    try:
+        entries = runtime.store().all_graphs()
+    except OSError as error:
+        return f"graphs folder unreadable: {error}"
+    fitting = [s for _, _, s, _ in entries if s is not None and s.manifest.key.family.structure in structures]
+    state = "prepared: " + "; ".join(engine.describe().split(": ", 1)[1:]) if engine.prepared else (
+        "graphs are prepared on the first image (or now, with Warmup Graphs or Save Graph)")
+    return f"{len(fitting)} stored block graphs for these block structures; {state}"
 
 
 def _stored_summary(forward: CompiledForward) -> str:
@@ -136,15 +166,6 @@ def _backend_of(model, vae) -> str:
 
 # -- ahead of time ------------------------------------------------------------------
 
-def _progress_bar(total: int):
-    try:
-        import comfy.utils
-
-        return comfy.utils.ProgressBar(max(1, total))
-    except Exception:
-        return None
-
-
 def warm(model, vae, sizes: List[Tuple[int, int]], batches: List[int], report: Report,
          vae_ops: Tuple[str, ...] = ("decode",)):
     """Make sure graphs serve each size and batch; returns the (sped-up) model and VAE."""
@@ -156,7 +177,11 @@ def warm(model, vae, sizes: List[Tuple[int, int]], batches: List[int], report: R
     jobs: List[Tuple[str, CompiledForward, list]] = []
     if model is not None:
         model_out, runner = _ensure_model(model, sizes, batches)
-        calls, why = runner.example_calls(model_out, sizes, batches)
+        engine = runner.block_engine(model_out.get_model_object("diffusion_model"))
+        calls, why = ([], None) if engine is not None else runner.example_calls(model_out, sizes, batches)
+        if engine is not None:
+            unet.load_to_device(model_out)
+            _prepare_blocks(runner, engine, report)
         if why:
             report.add(why)
         if calls:
@@ -174,7 +199,7 @@ def warm(model, vae, sizes: List[Tuple[int, int]], batches: List[int], report: R
                 calls = vrunner.example_calls(op, sizes, batches)
                 if calls:
                     jobs.append((f"VAE {op}", vrunner.forwards[op], calls))
-    bar = _progress_bar(sum(len(calls) for _, _, calls in jobs))
+    bar = unet.progress_bar(sum(len(calls) for _, _, calls in jobs))
     shapes = [f"{w}x{h} batch {b}" for w, h in sizes for b in batches]
     for what, forward, calls in jobs:
         for shape, call in zip(shapes, calls):
@@ -196,8 +221,15 @@ def save(model, vae, name: str, report: Report):
     store = runtime.store()
     saved: List[str] = []
     model_out, vae_out = model, vae
+    engine = None
     if model is not None:
         model_out, runner = _ensure_model(model, [], [])
+        engine = runner.block_engine(model_out.get_model_object("diffusion_model"))
+    if engine is not None:
+        unet.load_to_device(model_out)
+        _prepare_blocks(runner, engine, report)
+        saved += _save_blocks(engine, store, report)
+    elif model is not None:
         s = runner.settings
         side = clamp(DEFAULT_SIZE, (s.min_size, s.max_size))
         calls, why = runner.example_calls(model_out, [(side, side)], [1])
@@ -227,6 +259,29 @@ def save(model, vae, name: str, report: Report):
     else:
         report.add("no graph was saved")
     return model_out, vae_out
+
+
+def _prepare_blocks(runner: unet.UnetRunner, engine: BlockEngine, report: Report) -> None:
+    """Find, load or compile every block structure's graph now (no image needed)."""
+    started = time.perf_counter()
+    runner.prepare_blocks(engine)
+    for server in engine.servers:
+        line = server.status() if not server.ready else f"{server.status()} {server.graph.key.id}"
+        report.add(f"{server.group.describe()}: {line}")
+    report.add(f"{engine.describe()} ({time.perf_counter() - started:.1f} s); every size in the range is served")
+
+
+def _save_blocks(engine: BlockEngine, store: MultiRootStore, report: Report) -> List[str]:
+    _, problems = engine.save(store)
+    for problem in problems:
+        report.add(problem)
+    names = []
+    for server in engine.servers:
+        if server.saved_name:
+            names.append(server.saved_name)
+            report.add(f"{server.group.describe()}: saved {server.saved_name} (range "
+                       f"{server.graph.key.shape_range.describe()})")
+    return names
 
 
 def _save_forward(what: str, forward: CompiledForward, calls, store: MultiRootStore, report: Report,
@@ -269,12 +324,19 @@ def load(model, vae, choice: str, compile_on_miss: bool, trust: bool, report: Re
         return model, vae
     settings = Settings(compile_on_miss=compile_on_miss)
     targets = []
+    engine = None
     model_out, vae_out = model, vae
     if model is not None:
         runner = unet.runner_of(model)
         model_out, runner = unet.speed_up(
             model, dataclasses.replace(runner.settings, compile_on_miss=compile_on_miss) if runner else settings)
         module = model_out.get_model_object("diffusion_model")
+        engine = runner.block_engine(module)
+        if engine is not None:
+            _load_blocks(runner, model_out, engine, choice, trust, report)
+            if vae is None:
+                return model_out, vae_out
+    if model is not None and engine is None:
         forward = runner.forward_for(module)
         targets.append(("model", type(module).__name__, forward.structure(),
                         lambda signature, m=model_out: unet.family_here(m, signature)))
@@ -290,15 +352,47 @@ def load(model, vae, choice: str, compile_on_miss: bool, trust: bool, report: Re
             targets.append(("VAE", type(vrunner.module).__name__, vrunner.forwards["decode"].structure(),
                             vrunner.family_here))
     if not targets:
-        report.add("connect a MODEL and/or a VAE to load graphs for")
+        if engine is None:
+            report.add("connect a MODEL and/or a VAE to load graphs for")
         return model_out, vae_out
     store = runtime.store()
+    served_by_blocks = {group.structure for group in engine.groups} if engine is not None else set()
     for where, name, problem in _chosen(store, choice, targets, report):
         if problem:
             _refuse(f"{name}: {problem}", report)
             continue
-        _load_one(where, name, targets, trust, report)
+        _load_one(where, name, targets, trust, report, skip=served_by_blocks)
     return model_out, vae_out
+
+
+def _load_blocks(runner: unet.UnetRunner, model, engine: BlockEngine, choice: str, trust: bool,
+                 report: Report) -> None:
+    """Block graphs: each block structure finds its graph in the graphs folders (trusted first, if asked)."""
+    store = runtime.store()
+    if trust:
+        structures = {group.structure for group in engine.groups}
+        targets = [("model", group.class_name, group.structure, None) for group in engine.groups]
+        for where, name, problem in _chosen(store, choice, targets, report):
+            if problem:
+                _refuse(f"{name}: {problem}", report)
+                continue
+            try:
+                stored = where.get(name)
+            except (GraphRefused, ValueError, OSError) as error:
+                _refuse(f"{name}: {error}", report)
+                continue
+            if stored.manifest.key.family.structure not in structures:
+                continue
+            if not where.trust.is_trusted(stored.manifest.package_sha256):
+                try:
+                    trust_graph(where, stored, f"trusted in the Load Graph node ({stored.manifest_path})")
+                except GraphRefused as error:
+                    _refuse(f"{name}: {error}", report)
+                    continue
+                report.add(f"{stored.name} added to the trust list ({where.trust.path})")
+    unet.load_to_device(model)
+    engine.prepared = False  # look in the graphs folders again
+    _prepare_blocks(runner, engine, report)
 
 
 def _chosen(store: MultiRootStore, choice: str, targets, report: Report) -> Iterable[Tuple[GraphStore, str, Optional[str]]]:
@@ -346,13 +440,15 @@ def _refuse(text: str, report: Report, family: Any = "-") -> None:
     report.add(f"refused {text}")
 
 
-def _load_one(where: GraphStore, name: str, targets, trust: bool, report: Report) -> None:
+def _load_one(where: GraphStore, name: str, targets, trust: bool, report: Report, skip=frozenset()) -> None:
     try:
         stored = where.get(name)
     except (GraphRefused, ValueError, OSError) as error:
         _refuse(f"{name}: {error}", report)
         return
     family = stored.manifest.key.family
+    if family.structure in skip:
+        return  # a block graph of the model: its block engine loaded it
     target = next((t for t in targets if t[1] == family.architecture), targets[0])
     what, _, structure, family_here = target
     library = GraphLibrary(where, runtime.registry())

@@ -12,25 +12,31 @@ replacements) always runs eagerly, with that reason. Wrappers inside ours
 (other packs') still run: the graph takes the place of the model's own
 forward at the end of their chain.
 
-An APPLY_MODEL wrapper notices when the diffusion model was not reached
-through the DIFFUSION_MODEL hook (a model type without it) and says so
-instead of silently running uncompiled.
+Transformer families (Flux, SD3, Wan, ...: `blocks.py`) are served block by
+block instead: the APPLY_MODEL wrapper, which every model type has, opens
+the block engine's scope around the call, and the DIFFUSION_MODEL wrapper
+lets the call through (the glue runs eager, the blocks from graphs).
+
+For whole-model graphs the APPLY_MODEL wrapper notices when the diffusion
+model was not reached through the DIFFUSION_MODEL hook (a model type without
+it) and says so instead of silently running uncompiled.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..compiler import DEFAULT_BACKEND, CompiledForward, CompileOptions
 from ..compiler.backends.base import portable_forward
 from ..compiler.binding import CallBinder
+from ..compiler.blocks import BlockEngine, BlockOptions
 from ..compiler.keys import FamilyKey
 from ..compiler.structure import architecture_name
-from . import runtime
+from . import blocks, runtime
 from .patches import side_inputs_reason
 from .sizes import clamp, latent_range
 
@@ -48,15 +54,16 @@ class Settings:
     autosave: bool = False
     cover_range: bool = True
     backend: str = DEFAULT_BACKEND
+    max_frames: int = 81  # video frames (video families turn them into latent frames)
 
     def unet_range(self):
         return latent_range(self.min_size, self.max_size, self.max_batch)
 
-    def widened(self, sizes: List[Tuple[int, int]], batches: List[int]) -> "Settings":
+    def widened(self, sizes: List[Tuple[int, int]], batches: List[int], frames: Sequence[int] = ()) -> "Settings":
         values = [v for size in sizes for v in size]
         return dataclasses.replace(
             self, min_size=min([self.min_size] + values), max_size=max([self.max_size] + values),
-            max_batch=max([self.max_batch] + batches),
+            max_batch=max([self.max_batch] + batches), max_frames=max([self.max_frames] + list(frames)),
         )
 
 
@@ -132,15 +139,49 @@ class UnetRunner:
     def forward_for(self, module: torch.nn.Module) -> CompiledForward:
         forward = self._forwards.get(id(module))
         if forward is None or forward.module is not module:
-            label = f"{type(self.base_model).__name__} {architecture_name(module)}"
+            label = _label(self.base_model, module)
             traced = _forward_fn if self.settings.backend == "oneflow" else _traced_forward_fn
             forward = CompiledForward(module, self.options().with_(label=label), runtime.registry(),
                                       forward_fn=traced, binder=call_binder(module))
             self._forwards[id(module)] = forward
         return forward
 
+    # -- block graphs (transformer families) ---------------------------------------
+    def block_options(self, family: blocks.ComfyFamily, module: torch.nn.Module) -> BlockOptions:
+        s = self.settings
+        return BlockOptions(
+            backend=s.backend, shape_range=blocks.block_range(family, s.min_size, s.max_size, s.max_batch,
+                                                              s.max_frames),
+            store=runtime.store(), autosave=s.autosave, compile_on_miss=s.compile_on_miss,
+            label=_label(self.base_model, module),
+        )
+
+    def block_engine(self, module: Optional[torch.nn.Module]) -> Optional[BlockEngine]:
+        """The block engine serving this diffusion model with this node's settings; None: whole-model graphs."""
+        family = blocks.family_of(module) if module is not None else None
+        if family is None:
+            return None
+        return blocks.engine_for(module, self.block_options(family, module), runtime.registry())
+
+    def prepare_blocks(self, engine: BlockEngine) -> List[str]:
+        """Block graphs found, loaded or compiled now, with ComfyUI's progress bar (block k of n)."""
+        bar = progress_bar(100)
+
+        def progress(text: str, fraction: float) -> None:
+            if bar is not None:
+                bar.update_absolute(int(100 * fraction), 100)
+
+        with engine.serving():
+            return engine.prepare(progress)
+
     # -- wrappers -------------------------------------------------------------
     def apply_model_wrapper(self, executor, *args, **kwargs):
+        engine = self.block_engine(getattr(executor.class_obj, "diffusion_model", None))
+        if engine is not None:
+            if not engine.prepared:
+                self.prepare_blocks(engine)
+            with engine.serving():
+                return executor(*args, **kwargs)
         self._hook_seen = False
         output = executor(*args, **kwargs)
         if not self._hook_seen and not self._no_hook_reported:
@@ -154,6 +195,8 @@ class UnetRunner:
     def diffusion_model_wrapper(self, executor, *args, **kwargs):
         self._hook_seen = True
         module = executor.class_obj
+        if blocks.family_of(module) is not None:
+            return executor(*args, **kwargs)  # served block by block inside the APPLY_MODEL scope
         if executor.idx + 1 < len(executor.wrappers):
             # Wrappers of other packs inside ours run first; we take the model's place at their end.
             from comfy.patcher_extension import WrapperExecutor
@@ -198,6 +241,22 @@ class UnetRunner:
                     clamp(2 * batch, shape_range.batch), max(1, height // 8), max(1, width // 8),
                     clamp(sequence, shape_range.sequence), dtype, device))
         return calls, None
+
+
+def _label(base_model, module: torch.nn.Module) -> str:
+    """'SDXL UNetModel', 'Flux' (ComfyUI's model type, then the module's class when it says more)."""
+    kind, architecture = type(base_model).__name__, architecture_name(module)
+    return kind if kind == architecture else f"{kind} {architecture}"
+
+
+def progress_bar(total: int):
+    """ComfyUI's progress bar on the running node (None outside a prompt)."""
+    try:
+        import comfy.utils
+
+        return comfy.utils.ProgressBar(max(1, total))
+    except Exception:
+        return None
 
 
 def runner_of(model) -> Optional[UnetRunner]:

@@ -10,7 +10,11 @@ How an adapter (diffusers here, ComfyUI's nodes later) uses it:
     engine.save(store)           # graphs into a graphs folder (works before any image)
 
 `install()` also routes the model's own forward through the engine, so the
-first call prepares (what diffusers' compile_pipe uses). `eager_scope()`
+first call prepares (what diffusers' compile_pipe uses). An adapter whose
+model is shared with callers that did not ask for graphs (ComfyUI: one
+module behind every clone of a MODEL) makes the engine `scoped`: its blocks
+then serve from graphs only inside `serving()`, which the adapter's own hook
+opens, and run their own forward everywhere else. `eager_scope()`
 runs the blocks uncompiled (the reference path; an adapter's own eager
 path), and `block_filter` lets an adapter send single blocks to eager with a
 reason (a patch on block 6 makes block 6 eager, not the model).
@@ -73,8 +77,10 @@ class BlockEngine:
     is_keepfast_dispatcher = True
 
     def __init__(self, model: torch.nn.Module, family: BlockFamily, options: Optional[BlockOptions] = None,
-                 registry: Optional[GraphRegistry] = None, forward_fn: Optional[Callable] = None):
+                 registry: Optional[GraphRegistry] = None, forward_fn: Optional[Callable] = None,
+                 scoped: bool = False):
         self.module = model
+        self.scoped = scoped
         self.family = family
         self._options = options or BlockOptions()
         self.registry = registry or default_registry()
@@ -204,6 +210,19 @@ class BlockEngine:
             yield
         finally:
             self._local.eager = previous
+
+    def serving_now(self) -> bool:
+        return bool(getattr(self._local, "serving", False))
+
+    @contextlib.contextmanager
+    def serving(self):
+        """Blocks of a `scoped` engine serve from graphs inside (the adapter's hook around a model call)."""
+        previous = getattr(self._local, "serving", False)
+        self._local.serving = True
+        try:
+            yield
+        finally:
+            self._local.serving = previous
 
     def eager(self, *args, **kwargs) -> Any:
         with self.eager_scope():

@@ -53,8 +53,8 @@ def empty_to_none(output):
     return output
 
 
-def _block_forward(module: torch.nn.Module, *args, **kwargs):
-    return none_to_empty(type(module).forward(module, *args, **kwargs))
+def _own_forward(module: torch.nn.Module, *args, **kwargs):
+    return type(module).forward(module, *args, **kwargs)
 
 
 def _first_line(error: BaseException) -> str:
@@ -76,18 +76,23 @@ UnitCheck = Callable[[AotGraph, Dict[str, Tuple[int, int]]], Optional[str]]
 
 def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: GraphKey,
                  progress: Progress = lambda stage, fraction: None,
-                 check_unit_sizes: Optional[UnitCheck] = None) -> Tuple[AotGraph, List[str]]:
+                 check_unit_sizes: Optional[UnitCheck] = None,
+                 forward: Callable = _own_forward) -> Tuple[AotGraph, List[str]]:
     """Export and package one block: (graph, notes); CompileFailed says why not.
 
     `check_unit_sizes(candidate, guards)` is asked whether the graph also
     serves sizes of 1 the range declares (see `unit_guards`); the candidate
     has those guards widened to 1. None means yes and the candidate is
     returned; a reason keeps the traced guards (size 1 then runs eager) and
-    becomes a note.
+    becomes a note. `forward(module, *args, **kwargs)` is what is traced
+    (the family's `block_forward`).
     """
     from torch.export import Dim
 
-    flat = FlatForward(module, _block_forward, call)
+    def traced(block, *args, **kwargs):
+        return none_to_empty(forward(block, *args, **kwargs))
+
+    flat = FlatForward(module, traced, call)
     dynamic = [{d: Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in b.items()} for b in bounds]
     progress("tracing with torch.export", 0.05)
     try:

@@ -24,6 +24,8 @@ class BlockFamily:
     geometry: Geometry = Geometry()
     spatial_multiple: int = 2  # latent pixels; a valid latent side is a multiple of it
     block_classes: Optional[Sequence[str]] = None  # None: the model's `_repeated_blocks`, else found by structure
+    latent_scale: int = 8  # image pixels per latent pixel (what a node's pixel range is divided by)
+    frame_scale: int = 1  # video frames per latent frame after the first (Wan, HunyuanVideo: 4; LTXV: 8)
 
     def example_call(self, model: torch.nn.Module, dims: Dims) -> Tuple[tuple, dict]:
         """A call of the whole model at `dims`, built from its config (random inputs)."""
@@ -33,6 +35,22 @@ class BlockFamily:
         """A block call's inputs without bookkeeping a graph does not take (ComfyUI's
         `transformer_options`); the block's eager forward still gets the call as made."""
         return args, kwargs
+
+    def block_forward(self, module: torch.nn.Module, *args, **kwargs) -> Any:
+        """What a block graph computes for a call of `module` (traced once per block structure).
+
+        The block's own forward by default; an adapter whose blocks take
+        side inputs the graph drops (ComfyUI's `transformer_options`) gives
+        the traced call the ones it must see (an attention that traces once
+        for every size).
+        """
+        return type(module).forward(module, *args, **kwargs)
+
+    def latent_frames(self, video_frames: int) -> int:
+        """Latent frames of `video_frames` frames (the first frame is kept, the rest packed)."""
+        if self.frame_scale <= 1:
+            return max(1, video_frames)
+        return 1 + max(0, video_frames - 1) // self.frame_scale
 
     def describe(self) -> str:
         return self.name

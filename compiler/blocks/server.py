@@ -113,6 +113,7 @@ class BlockServer:
         self.compile_s = 0.0
         self.notes: List[str] = []
         self.saved: Optional[str] = None
+        self.saved_name: Optional[str] = None  # the store's name for it ('<folder>/<graph>'), for graph sets
         self._spec = None
         self._positions: List[int] = []
         self._constants: List[Tuple[int, Any]] = []
@@ -236,7 +237,8 @@ class BlockServer:
             try:
                 graph, notes = self.engine.exporter(
                     self.group.modules[0], call, bounds, key, progress,
-                    check_unit_sizes=lambda candidate, units: self._check_unit_sizes(candidate, units, call))
+                    check_unit_sizes=lambda candidate, units: self._check_unit_sizes(candidate, units, call),
+                    forward=self.engine.family.block_forward)
             except Exception as error:  # whatever export or AOTInductor raises: this block runs eager
                 text = str(error) if isinstance(error, CompileFailed) else f"{type(error).__name__}: {error}"
                 reason = f"compile failed: {text}"
@@ -365,6 +367,7 @@ class BlockServer:
             self.engine.registry.record(REFUSED, self.graph.key.family, f"{self.label}: {error}")
             return f"{self.label}: {error}"
         self.saved = str(stored.package_path)
+        self.saved_name = stored.name
         return None
 
     # -- calling ------------------------------------------------------------
@@ -378,6 +381,7 @@ class BlockServer:
 
     def _eager(self, instance: BlockInstance, reason: str, args, kwargs) -> Any:
         instance.eager_calls += 1
+        self.engine.registry.count("blocks.eager")
         instance.last_status = "eager: " + reason
         self.record_fallback(reason, instance)
         return instance.eager(args, kwargs)
@@ -404,6 +408,8 @@ class BlockServer:
             return instance.eager(args, kwargs)
         if engine.capturing is not None:
             return engine.capture(self, instance, args, kwargs)
+        if engine.scoped and not engine.serving_now():
+            return instance.eager(args, kwargs)  # a caller that did not ask for graphs
         if not self.ready:
             return self._eager(instance, self.reason or "no graph", args, kwargs)
         if engine.block_filter is not None:
@@ -446,6 +452,7 @@ class BlockServer:
         instance.graph_calls += 1
         instance.last_status = f"{self.origin} graph"
         engine.registry.count_hit()
+        engine.registry.count("blocks.graph")
         if self._recorded:
             self._recorded.clear()  # a reason that comes back is recorded again
         return output

@@ -1,0 +1,252 @@
+"""ComfyUI's transformer families served block by block (the compiler's block engine, ComfyUI's classes).
+
+A family here says, for one of ComfyUI's diffusion model classes, which
+modules are its repeated blocks, how latent pixels and frames become tokens
+and how to make a call of the whole model at given sizes from the model's
+own layers (so graphs are prepared, saved and warmed up before any image).
+The engine is installed once on the shared diffusion model's blocks and is
+`scoped`: blocks run from graphs only inside the APPLY_MODEL hook of a MODEL
+that went through a KeepFast node, so clones without the node, other
+workflows and ComfyUI's own previews run the blocks as ComfyUI wrote them.
+
+Everything around the blocks (patch embedding, position tables, text and
+time embedders, the final layer, and every ComfyUI patch that runs there:
+block replacements, post-input patches, ControlNet additions) runs eager
+with the real `transformer_options`. Inside a block only attention reads
+`transformer_options`: a graph computes ComfyUI's own `attention_pytorch`
+(one graph for every size), and a block call carrying an attention override
+of its own runs eager with that reason, alone. So does a block whose weights
+ComfyUI patches on the fly (low-VRAM mode, LoRA applied per call) or keeps on
+another device (offloaded): the rest of the model stays compiled.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from ..compiler.blocks import BlockEngine, BlockFamily, BlockInstance, BlockOptions, Dims, Geometry
+from ..compiler.blocks.family import generator_for
+from ..compiler.shapes import ShapeRange
+from .sizes import latent_range
+
+
+def _graph_attention_options() -> dict:
+    from .unet import _graph_attention
+
+    return {"optimized_attention_override": _graph_attention}
+
+
+def _like(module: torch.nn.Module) -> Tuple[torch.dtype, torch.device]:
+    for tensor in module.parameters():
+        if tensor.is_floating_point():
+            return tensor.dtype, tensor.device
+    return torch.float32, torch.device("cpu")
+
+
+def _in_features(layer: Any) -> int:
+    """The input width of a Linear (ComfyUI's ops keep torch's attribute)."""
+    return int(getattr(layer, "in_features", None) or layer.weight.shape[1])
+
+
+class ComfyFamily(BlockFamily):
+    """A ComfyUI diffusion model class: its block classes, geometry and example call."""
+
+    model_classes: Tuple[str, ...] = ()
+    block_classes = ()
+    video = False
+
+    def block_inputs(self, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+        if "transformer_options" not in kwargs:
+            return args, kwargs
+        rest = dict(kwargs)
+        del rest["transformer_options"]
+        return args, rest
+
+    def block_forward(self, module: torch.nn.Module, *args, **kwargs) -> Any:
+        return type(module).forward(module, *args, transformer_options=_graph_attention_options(), **kwargs)
+
+    def example_call(self, model: torch.nn.Module, dims: Dims) -> Tuple[tuple, dict]:
+        dtype, device = _like(model)
+        generator = generator_for(dims)
+
+        def randn(*shape) -> torch.Tensor:
+            return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+
+        kwargs = self.inputs(model, dims, randn, dtype, device)
+        kwargs["transformer_options"] = {}
+        return (), kwargs
+
+    def inputs(self, model, dims: Dims, randn: Callable[..., torch.Tensor], dtype, device) -> Dict[str, Any]:
+        """The diffusion model's inputs at `dims` as ComfyUI's model_base passes them."""
+        raise NotImplementedError
+
+    @staticmethod
+    def timesteps(dims: Dims, device, value: float = 0.5) -> torch.Tensor:
+        return torch.full((dims.batch,), value, dtype=torch.float32, device=device)
+
+    def latent(self, model, dims: Dims, randn, channels: int) -> torch.Tensor:
+        if self.video:
+            return randn(dims.batch, channels, dims.frames, dims.height, dims.width)
+        return randn(dims.batch, channels, dims.height, dims.width)
+
+
+class FluxFamily(ComfyFamily):
+    name = "flux"
+    model_classes = ("Flux",)
+    block_classes = ("DoubleStreamBlock", "SingleStreamBlock")
+    geometry = Geometry(patch=2)
+    spatial_multiple = 2
+
+    def inputs(self, model, dims, randn, dtype, device):
+        patch = int(getattr(model, "patch_size", 2))
+        kwargs = {
+            "x": self.latent(model, dims, randn, _in_features(model.img_in) // (patch * patch)),
+            "timestep": self.timesteps(dims, device),
+            "context": randn(dims.batch, dims.text, _in_features(model.txt_in)),
+        }
+        if getattr(model, "vector_in", None) is not None:
+            kwargs["y"] = randn(dims.batch, _in_features(model.vector_in.in_layer))
+        if getattr(model.params, "guidance_embed", False):
+            kwargs["guidance"] = torch.full((dims.batch,), 3.5, dtype=torch.float32, device=device)
+        return kwargs
+
+
+class ChromaFamily(FluxFamily):
+    name = "chroma"
+    model_classes = ("Chroma",)
+
+    def inputs(self, model, dims, randn, dtype, device):
+        patch = int(getattr(model, "patch_size", 2))
+        return {
+            "x": self.latent(model, dims, randn, _in_features(model.img_in) // (patch * patch)),
+            "timestep": self.timesteps(dims, device),
+            "context": randn(dims.batch, dims.text, _in_features(model.txt_in)),
+            "guidance": torch.zeros((dims.batch,), dtype=torch.float32, device=device),
+        }
+
+
+class SD3Family(ComfyFamily):
+    name = "sd3"
+    model_classes = ("OpenAISignatureMMDITWrapper",)
+    block_classes = ("JointBlock",)
+    geometry = Geometry(patch=2)
+    spatial_multiple = 2
+
+    def inputs(self, model, dims, randn, dtype, device):
+        kwargs = {
+            "x": self.latent(model, dims, randn, int(model.in_channels)),
+            "timesteps": self.timesteps(dims, device, 500.0),
+            "context": randn(dims.batch, dims.text, _in_features(model.context_embedder)),
+        }
+        if getattr(model, "y_embedder", None) is not None:
+            kwargs["y"] = randn(dims.batch, _in_features(model.y_embedder.mlp[0]))
+        return kwargs
+
+
+class AuraFlowFamily(ComfyFamily):
+    name = "auraflow"
+    model_classes = ("MMDiT",)
+    block_classes = ("MMDiTBlock", "DiTBlock")
+    geometry = Geometry(patch=2)
+    spatial_multiple = 2
+
+    def inputs(self, model, dims, randn, dtype, device):
+        patch = int(model.patch_size)
+        return {
+            "x": self.latent(model, dims, randn, _in_features(model.init_x_linear) // (patch * patch)),
+            "timestep": self.timesteps(dims, device),
+            "context": randn(dims.batch, dims.text, _in_features(model.cond_seq_linear)),
+        }
+
+
+class WanFamily(ComfyFamily):
+    name = "wan"
+    model_classes = ("WanModel",)
+    block_classes = ("WanAttentionBlock",)
+    video = True
+    frame_scale = 4  # Wan's VAE keeps the first frame and packs 4 per latent frame after it
+    geometry = Geometry(patch=2, patch_frames=1, video=True, default_frames=(1, 21))
+    spatial_multiple = 2
+
+    def inputs(self, model, dims, randn, dtype, device):
+        kwargs = {
+            "x": self.latent(model, dims, randn, int(model.patch_embedding.in_channels)),
+            "timestep": self.timesteps(dims, device, 500.0),
+            "context": randn(dims.batch, dims.text, _in_features(model.text_embedding[0])),
+        }
+        if getattr(model, "img_emb", None) is not None:
+            kwargs["clip_fea"] = randn(dims.batch, 257, 1280)
+        return kwargs
+
+
+FAMILIES: Tuple[ComfyFamily, ...] = (FluxFamily(), ChromaFamily(), SD3Family(), AuraFlowFamily(), WanFamily())
+_BY_CLASS: Dict[str, ComfyFamily] = {name: family for family in FAMILIES for name in family.model_classes}
+
+
+def family_of(module: torch.nn.Module) -> Optional[ComfyFamily]:
+    """The block family of a ComfyUI diffusion model, or None (SD-style UNets: whole-model graphs)."""
+    return _BY_CLASS.get(type(module).__name__)
+
+
+def block_range(family: ComfyFamily, min_size: int, max_size: int, max_batch: int, max_frames: int) -> ShapeRange:
+    """The node's range (pixels, images, video frames) in the family's latent units."""
+    base = latent_range(min_size, max_size, max_batch, scale=family.latent_scale)
+    if family.video:
+        base = ShapeRange(batch=base.batch, spatial=base.spatial, sequence=base.sequence,
+                          frames=(1, family.latent_frames(max_frames)))
+    return base
+
+
+# -- per block: what makes one block call run eager ------------------------------------
+
+class BlockPolicy:
+    """The engine's block filter for ComfyUI calls; module walks are cached per instance."""
+
+    def __init__(self):
+        self._cast: Dict[int, List[torch.nn.Module]] = {}
+
+    def _castable(self, instance: BlockInstance) -> List[torch.nn.Module]:
+        found = self._cast.get(id(instance))
+        if found is None:
+            found = [m for m in instance.module.modules() if hasattr(m, "weight_function")]
+            self._cast[id(instance)] = found
+        return found
+
+    def __call__(self, instance: BlockInstance, args: tuple, kwargs: dict) -> Optional[str]:
+        options = kwargs.get("transformer_options") or {}
+        override = options.get("optimized_attention_override")
+        if override is not None and getattr(override, "__name__", "") != "_graph_attention":
+            return (f"its transformer_options carry an attention override "
+                    f"({getattr(override, '__qualname__', type(override).__name__)}), which runs Python inside the "
+                    "block")
+        for sub in self._castable(instance):
+            if sub.weight_function or sub.bias_function:
+                return ("its weights are patched on the fly (the model is only partly loaded: low-VRAM mode "
+                        "applies LoRA per call)")
+        return None
+
+
+_ENGINES: "weakref.WeakKeyDictionary[torch.nn.Module, BlockEngine]" = weakref.WeakKeyDictionary()
+
+
+def engine_for(module: torch.nn.Module, options: BlockOptions, registry) -> Optional[BlockEngine]:
+    """The one block engine of this diffusion model module (installed on its blocks, scoped), or None."""
+    engine = _ENGINES.get(module)
+    if engine is not None:
+        engine.options = options
+        return engine
+    family = family_of(module)
+    if family is None:
+        return None
+    engine = BlockEngine(module, family, options, registry, scoped=True)
+    engine.block_filter = BlockPolicy()
+    engine.install_blocks()
+    _ENGINES[module] = engine
+    return engine
+
+
+def existing_engine(module: torch.nn.Module) -> Optional[BlockEngine]:
+    return _ENGINES.get(module)
