@@ -22,6 +22,7 @@ another device (offloaded): the rest of the model stays compiled.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -51,6 +52,38 @@ def _in_features(layer: Any) -> int:
     return int(getattr(layer, "in_features", None) or layer.weight.shape[1])
 
 
+_REGISTERED: set = set()
+
+
+def _register_dataclasses(*values: Any) -> None:
+    """Dataclasses among block inputs (Chroma's modulation outputs) become pytree nodes, so their
+    tensors are graph inputs and the block still gets the dataclass (torch.export's own registration)."""
+    stack = list(values)
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(v for k, v in value.items() if k != "transformer_options")
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            cls = type(value)
+            if cls not in _REGISTERED:
+                _REGISTERED.add(cls)
+                try:
+                    torch.export.register_dataclass(cls, serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+                except ValueError:
+                    pass  # registered already (by another copy of the pack, or torch itself)
+            stack.extend(getattr(value, f.name) for f in dataclasses.fields(value))
+
+
+def _first_in(module: torch.nn.Module) -> int:
+    """The input width of the first Linear inside `module` (an embedder's input)."""
+    for sub in module.modules():
+        if isinstance(sub, torch.nn.Linear):
+            return _in_features(sub)
+    raise ValueError(f"{type(module).__name__} has no Linear layer")
+
+
 class ComfyFamily(BlockFamily):
     """A ComfyUI diffusion model class: its block classes, geometry and example call."""
 
@@ -59,6 +92,7 @@ class ComfyFamily(BlockFamily):
     video = False
 
     def block_inputs(self, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+        _register_dataclasses(args, kwargs)
         if "transformer_options" not in kwargs:
             return args, kwargs
         rest = dict(kwargs)
@@ -182,7 +216,102 @@ class WanFamily(ComfyFamily):
         return kwargs
 
 
-FAMILIES: Tuple[ComfyFamily, ...] = (FluxFamily(), ChromaFamily(), SD3Family(), AuraFlowFamily(), WanFamily())
+class QwenImageFamily(ComfyFamily):
+    name = "qwen-image"
+    model_classes = ("QwenImageTransformer2DModel",)
+    block_classes = ("QwenImageTransformerBlock",)
+    geometry = Geometry(patch=2)
+    spatial_multiple = 2
+
+    def inputs(self, model, dims, randn, dtype, device):
+        channels = _in_features(model.img_in) // 4
+        return {  # ComfyUI gives Qwen-Image its (Wan VAE) latent with a frame axis of 1
+            "x": randn(dims.batch, channels, 1, dims.height, dims.width),
+            "timesteps": self.timesteps(dims, device),
+            "context": randn(dims.batch, dims.text, _in_features(model.txt_in)),
+        }
+
+
+class HunyuanVideoFamily(ComfyFamily):
+    name = "hunyuan-video"
+    model_classes = ("HunyuanVideo",)
+    block_classes = ("DoubleStreamBlock", "SingleStreamBlock")
+    video = True
+    frame_scale = 4
+    geometry = Geometry(patch=2, patch_frames=1, video=True, default_frames=(1, 33))
+    spatial_multiple = 2
+
+    def inputs(self, model, dims, randn, dtype, device):
+        kwargs = {
+            "x": self.latent(model, dims, randn, int(model.in_channels)),
+            "timestep": self.timesteps(dims, device, 500.0),
+            "context": randn(dims.batch, dims.text, _first_in(model.txt_in)),
+        }
+        if getattr(model, "vector_in", None) is not None:
+            kwargs["y"] = randn(dims.batch, _in_features(model.vector_in.in_layer))
+        if getattr(model, "guidance_in", None) is not None:
+            kwargs["guidance"] = torch.full((dims.batch,), 6.0, dtype=torch.float32, device=device)
+        return kwargs
+
+
+class LTXVFamily(ComfyFamily):
+    name = "ltxv"
+    model_classes = ("LTXVModel",)
+    block_classes = ("BasicTransformerBlock",)
+    video = True
+    latent_scale = 32  # LTXV's VAE: 32 pixels per latent pixel, 8 frames per latent frame after the first
+    frame_scale = 8
+    geometry = Geometry(patch=1, patch_frames=1, video=True, default_frames=(1, 13))
+    spatial_multiple = 1
+
+    def inputs(self, model, dims, randn, dtype, device):
+        return {
+            "x": self.latent(model, dims, randn, int(model.in_channels)),
+            "timestep": self.timesteps(dims, device, 0.5),
+            "context": randn(dims.batch, dims.text, _first_in(model.caption_projection)),
+            "attention_mask": torch.ones(dims.batch, dims.text, dtype=torch.long, device=device),
+            "frame_rate": 25,
+        }
+
+
+class Lumina2Family(ComfyFamily):
+    name = "lumina2"
+    model_classes = ("NextDiT",)
+    block_classes = ("JointTransformerBlock",)
+    geometry = Geometry(patch=2)
+    spatial_multiple = 2
+
+    def inputs(self, model, dims, randn, dtype, device):
+        return {
+            "x": self.latent(model, dims, randn, int(model.in_channels)),
+            "timesteps": self.timesteps(dims, device),
+            "context": randn(dims.batch, dims.text, _first_in(model.cap_embedder)),
+            "num_tokens": dims.text,
+            "attention_mask": torch.ones(dims.batch, dims.text, dtype=torch.long, device=device),
+        }
+
+
+class HiDreamFamily(ComfyFamily):
+    name = "hidream"
+    model_classes = ("HiDreamImageTransformer2DModel",)
+    block_classes = ("HiDreamImageBlock",)
+    geometry = Geometry(patch=2)
+    spatial_multiple = 2
+
+    def inputs(self, model, dims, randn, dtype, device):
+        layers = max(model.llama_layers) + 1
+        return {
+            "x": self.latent(model, dims, randn, _first_in(model.x_embedder) // 4),
+            "t": self.timesteps(dims, device),
+            "y": randn(dims.batch, _first_in(model.p_embedder)),
+            "context": randn(dims.batch, dims.text, _first_in(model.caption_projection[-1])),
+            "encoder_hidden_states_llama3": randn(dims.batch, layers, dims.text, _first_in(model.caption_projection[0])),
+        }
+
+
+FAMILIES: Tuple[ComfyFamily, ...] = (FluxFamily(), ChromaFamily(), SD3Family(), AuraFlowFamily(), WanFamily(),
+                                     QwenImageFamily(), HunyuanVideoFamily(), LTXVFamily(), Lumina2Family(),
+                                     HiDreamFamily())
 _BY_CLASS: Dict[str, ComfyFamily] = {name: family for family in FAMILIES for name in family.model_classes}
 
 

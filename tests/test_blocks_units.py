@@ -94,3 +94,25 @@ def test_dimensions_are_named_from_two_probes():
     rng = ShapeRange(batch=(1, 4), spatial=(8, 24), sequence=(1, 40), tokens=(16, 144))
     assert T.role_bounds("joint", rng) == (17, 184)
     assert T.role_bounds("sequence+257", rng) == (258, 297)
+
+
+def test_a_scoped_engine_serves_blocks_only_inside_its_scope():
+    """ComfyUI shares one module among every clone of a MODEL: blocks outside the node's hook stay untouched."""
+    from compiler.blocks import BlockEngine
+    from compiler.registry import GraphRegistry
+
+    model = tt.build("flux", seed=0)
+    reference = tt.call(model, tt.FIRST).detach()
+    registry = GraphRegistry()
+    engine = BlockEngine(model, diffusers_family(model), registry=registry, scoped=True)
+    engine.install_blocks()
+    with torch.no_grad():
+        outside = tt.call(model, tt.FIRST)
+    assert torch.equal(outside, reference) and engine.eager_calls == 0 and registry.fallbacks == []
+    with engine.serving(), torch.no_grad():  # inside: every block goes through its server (not prepared here)
+        inside = tt.call(model, tt.FIRST)
+    assert torch.equal(inside, reference)
+    assert engine.eager_calls == len(engine.instances)
+    assert {e.reason.split(": ", 1)[1] for e in registry.fallbacks} == {"not prepared yet; running eager"}
+    engine.uninstall()
+    assert all("forward" not in instance.module.__dict__ for instance in engine.instances)

@@ -381,7 +381,7 @@ class BlockServer:
 
     def _eager(self, instance: BlockInstance, reason: str, args, kwargs) -> Any:
         instance.eager_calls += 1
-        self.engine.registry.count("blocks.eager")
+        self.engine.registry.log.count("blocks.eager")
         instance.last_status = "eager: " + reason
         self.record_fallback(reason, instance)
         return instance.eager(args, kwargs)
@@ -452,7 +452,7 @@ class BlockServer:
         instance.graph_calls += 1
         instance.last_status = f"{self.origin} graph"
         engine.registry.count_hit()
-        engine.registry.count("blocks.graph")
+        engine.registry.log.count("blocks.graph")
         if self._recorded:
             self._recorded.clear()  # a reason that comes back is recorded again
         return output

@@ -1,0 +1,281 @@
+"""Tiny random-weight models of ComfyUI's DiT families, ready to sample through `comfy.sample`.
+
+The ComfyUI tests and the bench need every model family the pack compiles
+(Flux, Chroma, SD3, AuraFlow, Wan 2.1, Qwen-Image, HunyuanVideo, LTXV, Lumina 2,
+HiDream) without downloading weights. Each family is built from ComfyUI's own
+classes (`comfy.supported_models.<X>(unet_config).get_model(state_dict={})`),
+so the diffusion model, its `model_base` wrapper, the extra conds and the
+sampling code are exactly what ComfyUI runs; only the widths and depths are
+tiny (2 blocks of each repeated kind, hidden size 64-128, 2 heads, text
+features of 32-64 channels) and the weights random.
+
+Imported in-process by tests that run in ComfyUI's Python with COMFYUI_PATH
+set. Importing this module imports torch only: ComfyUI is imported by the
+functions (through `comfy_models._comfy`, which also forces `--cpu` before
+`comfy.model_management` is imported), so `compiler/` never imports ComfyUI.
+
+    family = build("flux")
+    positive, negative = family.conditioning(12), family.conditioning(12, seed=1)
+    out = sample(family, positive, negative, family.latent(256, 256))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Tuple
+
+import torch
+
+from .comfy_models import _INIT_TYPES, _comfy, _init
+
+FAMILIES: Tuple[str, ...] = (
+    "flux", "chroma", "sd3", "auraflow", "wan", "qwen-image", "hunyuan-video", "ltxv", "lumina2", "hidream",
+)
+
+# Sizes of the text features each tiny family takes (the real models take 2048-4096).
+_TXT = 32          # T5 / umT5 / Llama / Qwen2.5 / Gemma hidden states
+_POOLED = 32       # CLIP-L pooled vector (Flux, HunyuanVideo)
+_SD3_TXT = 64      # SD3's CLIP-L/G + T5 context
+_SD3_POOLED = 64   # SD3's CLIP-L + CLIP-G pooled
+_HIDREAM_T5 = 32
+_HIDREAM_LLAMA = 48
+_HIDREAM_LLAMA_LAYERS = 4
+_HIDREAM_POOLED = 64
+
+# unet_config per family: the keys comfy.model_detection would produce for a
+# checkpoint of that family, with tiny values (plus the widths detection takes
+# from the class defaults of the real model, which a tiny model must override).
+UNET_CONFIGS: Dict[str, Dict[str, Any]] = {
+    "flux": {
+        "image_model": "flux", "in_channels": 16, "out_channels": 16, "patch_size": 2, "vec_in_dim": _POOLED,
+        "context_in_dim": _TXT, "hidden_size": 64, "mlp_ratio": 4.0, "num_heads": 2, "depth": 2,
+        "depth_single_blocks": 2, "axes_dim": [8, 12, 12], "theta": 10000, "qkv_bias": True, "guidance_embed": True,
+        "txt_ids_dims": [], "yak_mlp": False, "txt_norm": False,
+    },
+    "chroma": {
+        "image_model": "chroma", "in_channels": 64, "out_channels": 64, "patch_size": 2, "vec_in_dim": None,
+        "context_in_dim": _TXT, "hidden_size": 64, "mlp_ratio": 4.0, "num_heads": 2, "depth": 2,
+        "depth_single_blocks": 2, "axes_dim": [8, 12, 12], "theta": 10000, "qkv_bias": True, "txt_ids_dims": [],
+        # distilled_guidance_layer (Approximator): in_dim is fixed at 64 by the model (16+16+32 embeddings),
+        # out_dim must equal hidden_size.
+        "in_dim": 64, "out_dim": 64, "hidden_dim": 64, "n_layers": 2,
+    },
+    "sd3": {
+        # MMDiT derives width from depth: hidden = 64 * depth, heads = depth. SD3.5-style options
+        # (RMS qk-norm, one x-block self-attention layer) so both JointBlock variants are present.
+        "in_channels": 16, "out_channels": 16, "patch_size": 2, "depth": 2, "input_size": None,
+        "adm_in_channels": _SD3_POOLED,
+        "context_embedder_config": {"target": "torch.nn.Linear",
+                                    "params": {"in_features": _SD3_TXT, "out_features": 128}},
+        # pos_embed covers 64x64 patches = latents up to 128x128 = 1024x1024 px; larger asserts in cropped_pos_embed.
+        "num_patches": 64 * 64, "pos_embed_max_size": 64, "pos_embed_scaling_factor": None,
+        "qk_norm": "rms", "x_block_self_attn_layers": [0],
+    },
+    "auraflow": {
+        # max_seq 4096 = 64x64 patches (latent 128x128); larger latents interpolate the table (allowed).
+        "cond_seq_dim": _TXT, "max_seq": 64 * 64, "n_double_layers": 2, "n_layers": 4, "dim": 64, "n_heads": 2,
+        "global_conddim": 64, "in_channels": 4, "out_channels": 4, "patch_size": 2,
+    },
+    "wan": {
+        "image_model": "wan2.1", "model_type": "t2v", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
+        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
+        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 16, "text_dim": _TXT,
+    },
+    "qwen-image": {
+        "image_model": "qwen_image", "in_channels": 64, "out_channels": 16, "patch_size": 2, "num_layers": 2,
+        "attention_head_dim": 32, "num_attention_heads": 2, "joint_attention_dim": _TXT,
+        "axes_dims_rope": (8, 12, 12),
+    },
+    "hunyuan-video": {
+        "image_model": "hunyuan_video", "in_channels": 16, "out_channels": 16, "patch_size": [1, 2, 2],
+        "vec_in_dim": _POOLED, "axes_dim": [8, 12, 12], "meanflow": False, "context_in_dim": _TXT, "hidden_size": 64,
+        "mlp_ratio": 4.0, "num_heads": 2, "depth": 2, "depth_single_blocks": 2, "theta": 256, "qkv_bias": True,
+        "byt5": False, "guidance_embed": True, "use_cond_type_embedding": False, "vision_in_dim": None,
+        "meanflow_sum": False,
+    },
+    "ltxv": {
+        # inner dim = heads * head_dim = 64; cross_attention_dim must equal it (captions are projected to it).
+        "image_model": "ltxv", "num_layers": 2, "attention_head_dim": 32, "num_attention_heads": 2,
+        "cross_attention_dim": 64, "caption_channels": _TXT, "in_channels": 128,
+    },
+    "lumina2": {
+        "image_model": "lumina2", "patch_size": 2, "in_channels": 16, "dim": 64, "cap_feat_dim": _TXT, "n_layers": 2,
+        "qk_norm": True, "n_heads": 2, "n_kv_heads": 1, "axes_dims": [8, 12, 12], "axes_lens": [300, 512, 512],
+        "rope_theta": 10000.0, "ffn_dim_multiplier": 4.0,
+    },
+    "hidream": {
+        "image_model": "hidream", "attention_head_dim": 32, "axes_dims_rope": [16, 8, 8],
+        "caption_channels": [_HIDREAM_T5, _HIDREAM_LLAMA], "max_resolution": [128, 128], "in_channels": 16,
+        # one Llama hidden-state layer per block (num_layers + num_single_layers entries)
+        "llama_layers": [0, 1, 2, 3], "num_attention_heads": 2, "num_routed_experts": 4,
+        "num_activated_experts": 2, "num_layers": 2, "num_single_layers": 2, "out_channels": 16, "patch_size": 2,
+        "text_emb_dim": _HIDREAM_POOLED,
+    },
+}
+
+_SUPPORTED = {  # family -> class name in comfy.supported_models
+    "flux": "Flux", "chroma": "Chroma", "sd3": "SD3", "auraflow": "AuraFlow", "wan": "WAN21_T2V",
+    "qwen-image": "QwenImage", "hunyuan-video": "HunyuanVideo", "ltxv": "LTXV", "lumina2": "Lumina2",
+    "hidream": "HiDream",
+}
+
+
+@dataclass
+class TinyFamily:
+    """A tiny model of one family plus the inputs ComfyUI's nodes would give it."""
+
+    name: str
+    patcher: Any  # comfy.model_patcher.ModelPatcher (float32, CPU)
+    video: bool
+    latent_channels: int
+    _latent: Callable[[int, int, int, int], torch.Tensor] = field(repr=False, default=None)
+    _conditioning: Callable[[int, int], list] = field(repr=False, default=None)
+
+    def latent(self, width: int, height: int, batch: int = 1, frames: int = 1) -> torch.Tensor:
+        """Zeros shaped as the family's empty-latent node makes them.
+
+        width/height are pixels; frames is the video length in pixel frames (the
+        node's `length`), ignored for image families. Nodes: EmptySD3LatentImage
+        (Flux, Chroma, SD3, Qwen-Image, Lumina 2, HiDream: 16 ch, /8; Qwen-Image's
+        4-D latent becomes 5-D [B,16,1,h,w] in `sample`, as in KSampler),
+        EmptyLatentImage (AuraFlow: 4 ch, /8), EmptyHunyuanLatentVideo (Wan,
+        HunyuanVideo: 16 ch, /8, (frames-1)//4+1 latent frames), EmptyLTXVLatentVideo
+        (LTXV: 128 ch, /32, (frames-1)//8+1 latent frames).
+        """
+        return self._latent(width, height, batch, frames)
+
+    def conditioning(self, text_tokens: int, seed: int = 0) -> list:
+        """[[cond, extras]] as CLIPTextEncode (+FluxGuidance where used) gives, with random features.
+
+        text_tokens is the length of the encoder's output sequence (after any
+        padding the real tokenizer does), so tests choose the prompt-length axis directly.
+        """
+        return self._conditioning(text_tokens, seed)
+
+
+def _randn(shape, generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(shape, generator=generator, dtype=torch.float32)
+
+
+def _conditioning_fn(name: str) -> Callable[[int, int], list]:
+    def make(tokens: int, seed: int) -> list:
+        if tokens < 1:
+            raise ValueError("text_tokens must be >= 1, got %d" % tokens)
+        g = torch.Generator().manual_seed(seed)
+        extras: Dict[str, Any] = {"pooled_output": None}
+        if name == "flux":
+            cond = _randn((1, tokens, _TXT), g)
+            extras.update(pooled_output=_randn((1, _POOLED), g), guidance=3.5)  # FluxGuidance default
+        elif name == "sd3":
+            cond = _randn((1, tokens, _SD3_TXT), g)
+            extras["pooled_output"] = _randn((1, _SD3_POOLED), g)
+        elif name == "hunyuan-video":
+            cond = _randn((1, tokens, _TXT), g)
+            extras.update(pooled_output=_randn((1, _POOLED), g), guidance=6.0)
+        elif name == "ltxv":
+            # T5 with return_attention_masks: long mask, the padded tail masked out (LTXVModel.forward requires
+            # attention_mask positionally). Here the last quarter of the tokens plays the padding.
+            cond = _randn((1, tokens, _TXT), g)
+            mask = torch.ones((1, tokens), dtype=torch.long)
+            mask[:, tokens - tokens // 4:] = 0
+            extras["attention_mask"] = mask
+        elif name == "lumina2":
+            # Gemma returns an all-ones mask; model_base.Lumina2 turns it into num_tokens (a Python int).
+            cond = _randn((1, tokens, _TXT), g)
+            extras["attention_mask"] = torch.ones((1, tokens), dtype=torch.long)
+        elif name == "hidream":
+            cond = _randn((1, tokens, _HIDREAM_T5), g)  # T5 hidden states
+            extras["pooled_output"] = _randn((1, _HIDREAM_POOLED), g)  # CLIP-L + CLIP-G pooled
+            extras["conditioning_llama3"] = _randn((1, _HIDREAM_LLAMA_LAYERS, tokens, _HIDREAM_LLAMA), g)
+        else:  # chroma, auraflow, wan, qwen-image: one text encoder, no pooled vector
+            cond = _randn((1, tokens, _TXT), g)
+        return [[cond, extras]]
+
+    return make
+
+
+def _latent_fn(name: str) -> Callable[[int, int, int, int], torch.Tensor]:
+    def make(width: int, height: int, batch: int, frames: int) -> torch.Tensor:
+        if name == "wan" or name == "hunyuan-video":
+            return torch.zeros([batch, 16, ((frames - 1) // 4) + 1, height // 8, width // 8])
+        if name == "ltxv":
+            return torch.zeros([batch, 128, ((frames - 1) // 8) + 1, height // 32, width // 32])
+        if name == "auraflow":
+            return torch.zeros([batch, 4, height // 8, width // 8])
+        return torch.zeros([batch, 16, height // 8, width // 8])
+
+    return make
+
+
+def _init_rest(module: torch.nn.Module, seed: int) -> None:
+    """Fill what `_init` leaves as torch.empty: norm scales get 1, other bare parameters N(0, 0.02).
+
+    Many DiTs keep raw nn.Parameter(torch.empty(...)) outside Linear/Conv/Norm
+    layers (Wan and LTXV modulation tables, AuraFlow positional table and
+    register tokens, HiDream's MoE gate, Flux's RMSNorm.scale, ...): left
+    uninitialised they hold garbage and the output is not finite.
+    """
+    covered = set()
+    for sub in module.modules():
+        if isinstance(sub, _INIT_TYPES):
+            covered.update(id(p) for p in sub.parameters(recurse=False))
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for sub in module.modules():
+            is_norm = "norm" in type(sub).__name__.lower()
+            for param in sub.parameters(recurse=False):
+                if id(param) in covered:
+                    continue
+                if is_norm:
+                    param.fill_(1.0)
+                else:
+                    param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+                covered.add(id(param))
+
+
+def build(name: str, seed: int = 0) -> TinyFamily:
+    """Build the tiny model of one family (float32, CPU) wrapped in a ModelPatcher, as load_diffusion_model does."""
+    if name not in UNET_CONFIGS:
+        raise ValueError("unknown family %r; known: %s" % (name, ", ".join(FAMILIES)))
+    _comfy()
+    import comfy.model_management
+    import comfy.model_patcher
+    import comfy.supported_models
+
+    model_config = getattr(comfy.supported_models, _SUPPORTED[name])(dict(UNET_CONFIGS[name]))
+    model_config.set_inference_dtype(torch.float32, None)
+    model = model_config.get_model({})
+    diffusion_model = model.diffusion_model
+    _init(diffusion_model, seed)
+    _init_rest(diffusion_model, seed)
+    pos_embed = getattr(diffusion_model, "pos_embed", None)
+    if name == "sd3" and pos_embed is not None:  # a torch.empty buffer, not a parameter
+        with torch.no_grad():
+            pos_embed.copy_(torch.randn(pos_embed.shape, generator=torch.Generator().manual_seed(seed + 2)) * 0.02)
+    model = model.to(comfy.model_management.unet_offload_device())
+    patcher = comfy.model_patcher.ModelPatcher(
+        model, load_device=comfy.model_management.get_torch_device(),
+        offload_device=comfy.model_management.unet_offload_device())
+    return TinyFamily(
+        name=name, patcher=patcher, video=name in ("wan", "hunyuan-video", "ltxv"),
+        latent_channels=model_config.latent_format.latent_channels,
+        _latent=_latent_fn(name), _conditioning=_conditioning_fn(name))
+
+
+def sample(family: TinyFamily, positive, negative, latent: torch.Tensor, steps: int = 2, cfg: float = 2.0,
+           seed: int = 0, model: Any = None) -> torch.Tensor:
+    """Sample like KSampler (euler, simple) under inference_mode as ComfyUI's executor runs nodes.
+
+    `model` samples another ModelPatcher of the family (a clone with a speedup node or patches) with the
+    same inputs. Returns the latent KSampler would output: the empty latent after
+    `fix_empty_latent_channels` (so Qwen-Image's 4-D latent comes back 5-D).
+    """
+    _comfy()
+    import comfy.sample
+
+    with torch.inference_mode():
+        model = family.patcher if model is None else model
+        latent_image = comfy.sample.fix_empty_latent_channels(model, latent)
+        noise = comfy.sample.prepare_noise(latent_image, seed)
+        return comfy.sample.sample(model, noise, steps, cfg, "euler", "simple", positive, negative,
+                                   latent_image, denoise=1.0, disable_pbar=True, seed=seed)

@@ -1,0 +1,157 @@
+"""One model family through the nodes in ComfyUI's own Python; run by test_comfyui_families.py.
+
+    python kf_families.py PACK_DIR BASE_DIR FAMILY first|restart
+
+`first` (an empty graphs folder): Model Speedup, then Save Graph before any
+image (block graphs compiled from the model's own layers), then a sweep of
+resolutions, batch sizes, prompt lengths (and frame counts for video) sampled
+through comfy.sample, each against the same model without the node; then
+LoRA-style weight patches at two strengths and off; then one block whose
+weights ComfyUI patches on the fly. `restart` (a new process, the graphs
+folder `first` wrote, other weights): Load Graph, then two samples. Prints
+one JSON object of findings after "KEEPFAST-RESULT ".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import sys
+
+RANGE = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, save_compiled=False,
+             backend="aot", max_frames=17)
+# (width, height, batch, text tokens, video frames): three resolutions, batch 1 and 2, two prompt lengths, two
+# frame counts, and a size that is no multiple of 16 (ComfyUI pads it to the patch size).
+SWEEP = [(128, 128, 1, 7, 5), (192, 128, 2, 20, 9), (128, 256, 1, 20, 9), (200, 136, 2, 7, 5)]
+RESTART_SWEEP = [(160, 160, 1, 11, 5), (128, 192, 2, 16, 9)]
+
+
+def load_pack(pack: str):
+    name = pack.replace(".", "_x_").replace("/", "_")
+    spec = importlib.util.spec_from_file_location(name, os.path.join(pack, "__init__.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    extension = asyncio.run(module.comfy_entrypoint())
+    nodes = {node.__name__: node for node in asyncio.run(extension.get_node_list())}
+    return name, nodes
+
+
+def main(pack: str, base: str, family_name: str, phase: str) -> dict:
+    sys.path.insert(0, os.environ["COMFYUI_PATH"])
+    import comfy.cli_args
+
+    comfy.cli_args.args.cpu = True
+    comfy.cli_args.args.base_directory = base
+    import torch
+
+    name, nodes = load_pack(pack)
+    runtime = sys.modules[name + ".nodes.runtime"]
+    blocks = sys.modules[name + ".nodes.blocks"]
+    sys.path.insert(0, pack)
+    from compiler.testing import comfy_families as F
+
+    registry = runtime.registry()
+    family = F.build(family_name, seed=0 if phase == "first" else 5)
+    out = {"family": family_name, "phase": phase}
+
+    def counts() -> dict:
+        return {k: registry.log.counts.get(k, 0) for k in ("compile", "load", "fallback", "refused")}
+
+    def delta(before: dict) -> dict:
+        now = counts()
+        return {k: now[k] - before[k] for k in now}
+
+    def sample(model, width, height, batch, text, frames, seed=3):
+        latent = family.latent(width, height, batch=batch, frames=frames)
+        positive, negative = family.conditioning(text, seed=1), family.conditioning(text, seed=2)
+        return F.sample(family, positive, negative, latent, seed=seed, model=model)
+
+    def compare(model, reference_model, sweep) -> list:
+        rows = []
+        for width, height, batch, text, frames in sweep:
+            before = counts()
+            got = sample(model, width, height, batch, text, frames)
+            want = sample(reference_model, width, height, batch, text, frames)
+            rows.append({"call": [width, height, batch, text, frames], "diff": float((got - want).abs().max()),
+                         "scale": float(want.abs().max()), "finite": bool(torch.isfinite(got).all()),
+                         "events": delta(before)})
+        return rows
+
+    def fallbacks_since(mark: int) -> list:
+        return [e.reason for e in registry.events[mark:] if e.kind == "fallback"]
+
+    if phase == "first":
+        fast = nodes["KeepFastModelSpeedup"].execute(model=family.patcher, **RANGE).args[0]
+        engine = blocks.existing_engine(family.patcher.get_model_object("diffusion_model"))
+        out["engine"] = engine is not None
+        if engine is None:
+            return out
+        out["structures"] = [[g.class_name, len(g.instances)] for g in engine.groups]
+        before = counts()
+        saved = nodes["KeepFastSaveGraph"].execute(name=family_name, model=fast).args
+        out["save_report"] = saved[2]
+        out["save_events"] = delta(before)
+        out["files"] = sorted(os.path.relpath(os.path.join(d, f), base) for d, _, fs in os.walk(base)
+                              for f in fs if f.endswith(".json") and "graphs" in d)
+        out["report"] = engine.report()
+        mark = len(registry.events)
+        out["sweep"] = compare(fast, family.patcher, SWEEP)
+        out["sweep_fallbacks"] = fallbacks_since(mark)
+        out["block_calls"] = [engine.graph_calls, engine.eager_calls]
+
+        # LoRA-style patches on every block's first weight: applied by ComfyUI when it loads the model; the
+        # graphs bind the patched weights, at any strength, with no compile.
+        keys = [f"diffusion_model.{path}.{name}" for group in engine.groups for path, module in group.instances
+                for name, p in list(module.named_parameters())[:1] if p.ndim == 2]
+        generator = torch.Generator().manual_seed(11)
+        state = family.patcher.model_state_dict()
+        patches = {k: (0.2 * torch.randn(state[k].shape, generator=generator),) for k in keys}
+        lora = []
+        plain = sample(fast, *SWEEP[0])
+        for strength in (1.0, 0.5):
+            patched_fast, patched_ref = fast.clone(), family.patcher.clone()
+            patched_fast.add_patches({k: ("diff", v) for k, v in patches.items()}, strength)
+            patched_ref.add_patches({k: ("diff", v) for k, v in patches.items()}, strength)
+            before = counts()
+            got, want = sample(patched_fast, *SWEEP[0]), sample(patched_ref, *SWEEP[0])
+            lora.append({"strength": strength, "diff": float((got - want).abs().max()),
+                         "changed": float((got - plain).abs().max()), "events": delta(before)})
+        before = counts()
+        off = sample(fast, *SWEEP[0])
+        lora.append({"strength": 0.0, "diff": float((off - plain).abs().max()), "changed": 0.0,
+                     "events": delta(before)})
+        out["lora"] = lora
+        out["lora_patched_keys"] = len(keys)
+
+        # One block whose weights ComfyUI patches per call (low-VRAM mode): that block eager, the rest compiled.
+        path, module = engine.groups[-1].instances[0]
+        linear = next(m for m in module.modules() if hasattr(m, "weight_function"))
+        linear.weight_function = [lambda weight, **kwargs: weight * 1.05]
+        try:
+            mark = len(registry.events)
+            calls = (engine.graph_calls, engine.eager_calls)
+            rows = compare(fast, family.patcher, SWEEP[:1])
+            out["on_the_fly"] = {"rows": rows, "fallbacks": fallbacks_since(mark), "block": path,
+                                 "graph_calls": engine.graph_calls - calls[0],
+                                 "eager_calls": engine.eager_calls - calls[1]}
+        finally:
+            linear.weight_function = []
+    else:
+        before = counts()
+        loaded = nodes["KeepFastLoadGraph"].execute(graph="(every stored graph that fits)", compile_if_missing=False,
+                                                    trust_graph=False, model=family.patcher).args
+        out["load_report"] = loaded[2]
+        out["load_events"] = delta(before)
+        mark = len(registry.events)
+        out["sweep"] = compare(loaded[0], family.patcher, RESTART_SWEEP)
+        out["sweep_fallbacks"] = fallbacks_since(mark)
+    out["counts"] = counts()
+    return out
+
+
+if __name__ == "__main__":
+    result = main(*sys.argv[1:5])
+    print("KEEPFAST-RESULT " + json.dumps(result))

@@ -1,0 +1,107 @@
+"""Every transformer family ComfyUI loads, served block by block (needs COMFYUI_PATH).
+
+Each family is a tiny model built with ComfyUI's own classes
+(`compiler/testing/comfy_families.py`), sampled through comfy.sample in
+ComfyUI's Python by kf_families.py: Save Graph before any image, a sweep of
+resolutions, batch sizes, prompt lengths and frame counts against the model
+without the node, LoRA patches at two strengths and off, one block whose
+weights are patched per call; then a new process with other weights loads
+the saved graphs and samples again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+import kf_support as S
+
+if not S.comfyui_available():
+    pytest.skip(S.SKIP_REASON, allow_module_level=True)
+
+pytestmark = pytest.mark.comfyui
+
+FAMILIES = ["flux", "chroma", "sd3", "auraflow", "wan", "qwen-image", "hunyuan-video", "ltxv", "lumina2", "hidream"]
+TOLERANCE = 1e-3  # float32 latents after two sampling steps; graphs use the same kernels' maths, reordered
+
+
+def _run(base, family: str, phase: str) -> dict:
+    result = subprocess.run(
+        [S.PYTHON, str(S.HERE / "kf_families.py"), str(S.REPO), str(base), family, phase],
+        cwd=S.COMFYUI_PATH, capture_output=True, text=True, timeout=1800,
+        env={**os.environ, "COMFYUI_PATH": S.COMFYUI_PATH, "KEEPFAST_TRUST_FILE": str(base / "trust.json")})
+    lines = [line for line in result.stdout.splitlines() if line.startswith("KEEPFAST-RESULT ")]
+    assert result.returncode == 0 and lines, result.stdout[-3000:] + result.stderr[-6000:]
+    return json.loads(lines[-1][len("KEEPFAST-RESULT "):])
+
+
+_RUNS: dict = {}
+
+
+@pytest.fixture(params=FAMILIES)
+def runs(request, tmp_path_factory):
+    """(first, restart) findings of one family; run once per family and shared by its tests."""
+    family = request.param
+    if family not in _RUNS:
+        base = tmp_path_factory.mktemp(f"family-{family}")
+        (base / "models" / "graphs").mkdir(parents=True)
+        first = _run(base, family, "first")
+        restart = _run(base, family, "restart") if first.get("engine") else None
+        _RUNS[family] = (first, restart)
+    return _RUNS[family]
+
+
+def test_save_graph_before_any_image_compiles_each_block_structure_once(runs):
+    first, _ = runs
+    assert first["engine"], f"{first['family']}: no block family for its diffusion model"
+    structures = len(first["structures"])
+    assert first["save_events"]["compile"] == structures, first["save_report"]
+    assert first["save_events"]["fallback"] == 0, first["save_report"]
+    report = first["report"]
+    assert report["blocks_compiled"] == report["blocks"] > structures - 1, report
+    graphs = [f for f in first["files"] if f.count("/") >= 3]  # models/graphs/<folder>/<graph>.json
+    assert len(graphs) == structures, first["files"]
+    assert f"models/graphs/{first['family']}.json" in first["files"], first["files"]  # the graph set
+
+
+def test_sweep_has_no_compile_and_no_fallback_and_equals_eager(runs):
+    first, _ = runs
+    assert first["sweep_fallbacks"] == []
+    for row in first["sweep"]:
+        assert row["events"]["compile"] == 0 and row["events"]["fallback"] == 0, row
+        assert row["finite"] and row["diff"] < TOLERANCE * max(1.0, row["scale"]), row
+    graph_calls, eager_calls = first["block_calls"]
+    assert graph_calls > 0 and eager_calls == 0
+
+
+def test_lora_on_off_and_strength_need_no_compile(runs):
+    first, _ = runs
+    assert first["lora_patched_keys"] >= len(first["structures"])
+    on, half, off = first["lora"]
+    for row in (on, half):
+        assert row["events"]["compile"] == 0 and row["events"]["fallback"] == 0, row
+        assert row["diff"] < TOLERANCE and row["changed"] > 10 * TOLERANCE, row  # the patch took effect
+    assert off["diff"] < TOLERANCE and off["events"]["compile"] == 0, off
+
+
+def test_a_block_patched_on_the_fly_runs_eager_alone(runs):
+    first, _ = runs
+    found = first["on_the_fly"]
+    row = found["rows"][0]
+    assert row["diff"] < TOLERANCE * max(1.0, row["scale"]) and row["events"]["compile"] == 0, row
+    assert found["eager_calls"] > 0 and found["graph_calls"] > found["eager_calls"], found
+    assert any(found["block"] in reason and "patched on the fly" in reason for reason in found["fallbacks"]), found
+
+
+def test_a_restart_loads_the_saved_graphs_with_no_compile(runs):
+    first, restart = runs
+    assert restart is not None
+    assert restart["load_events"]["compile"] == 0, restart["load_report"]
+    assert restart["load_events"]["load"] == len(first["structures"]), restart["load_report"]
+    assert restart["sweep_fallbacks"] == []
+    for row in restart["sweep"]:
+        assert row["events"]["compile"] == 0 and row["events"]["fallback"] == 0, row
+        assert row["finite"] and row["diff"] < TOLERANCE * max(1.0, row["scale"]), row
