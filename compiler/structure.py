@@ -38,10 +38,10 @@ def _scalar_view(value: Any) -> Any:
 _OMIT = object()
 
 
-def _module_settings(module: torch.nn.Module) -> dict:
+def _module_settings(module: torch.nn.Module, ignored: frozenset = frozenset()) -> dict:
     settings = {}
     for name, value in sorted(vars(module).items()):
-        if name.startswith("_") or name in _VOLATILE_ATTRIBUTES:
+        if name.startswith("_") or name in _VOLATILE_ATTRIBUTES or name in ignored:
             continue
         view = _scalar_view(value)
         if view is not _OMIT:
@@ -66,11 +66,13 @@ def _config_view(module: torch.nn.Module) -> Any:
     return view
 
 
-def describe_structure(module: torch.nn.Module) -> dict:
+def describe_structure(module: torch.nn.Module, ignored: frozenset = frozenset()) -> dict:
+    """`ignored`: settings a caller knows the forward never reads (a block's position in its stack,
+    such as Lumina's `layer_id`); left in, they would make every block of a stack a structure of its own."""
     modules = []
     for path, sub in module.named_modules():
         cls = type(sub)
-        modules.append([path, f"{cls.__module__}.{cls.__qualname__}", _module_settings(sub)])
+        modules.append([path, f"{cls.__module__}.{cls.__qualname__}", _module_settings(sub, ignored)])
     tensors = [[name, list(t.shape)] for name, t in _named_tensors(module)]
     return {"config": _config_view(module), "modules": modules, "tensors": tensors}
 
@@ -80,8 +82,8 @@ def _named_tensors(module: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]
     yield from module.named_buffers(remove_duplicate=False)
 
 
-def structure_hash(module: torch.nn.Module) -> str:
-    text = json.dumps(describe_structure(module), sort_keys=True, separators=(",", ":"))
+def structure_hash(module: torch.nn.Module, ignored: frozenset = frozenset()) -> str:
+    text = json.dumps(describe_structure(module, ignored), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

@@ -111,10 +111,12 @@ class ComfyFamily(BlockFamily):
 
         kwargs = self.inputs(model, dims, randn, dtype, device)
         kwargs["transformer_options"] = {}
-        return (), kwargs
+        # as ComfyUI's BaseModel._apply_model calls it: latent and timestep positional, the rest by name
+        return (kwargs.pop("x"), kwargs.pop("t")), kwargs
 
     def inputs(self, model, dims: Dims, randn: Callable[..., torch.Tensor], dtype, device) -> Dict[str, Any]:
-        """The diffusion model's inputs at `dims` as ComfyUI's model_base passes them."""
+        """The diffusion model's inputs at `dims` as ComfyUI's model_base passes them ("x" the latent,
+        "t" the timesteps, the rest under the forward's own names)."""
         raise NotImplementedError
 
     @staticmethod
@@ -138,7 +140,7 @@ class FluxFamily(ComfyFamily):
         patch = int(getattr(model, "patch_size", 2))
         kwargs = {
             "x": self.latent(model, dims, randn, _in_features(model.img_in) // (patch * patch)),
-            "timestep": self.timesteps(dims, device),
+            "t": self.timesteps(dims, device),
             "context": randn(dims.batch, dims.text, _in_features(model.txt_in)),
         }
         if getattr(model, "vector_in", None) is not None:
@@ -156,7 +158,7 @@ class ChromaFamily(FluxFamily):
         patch = int(getattr(model, "patch_size", 2))
         return {
             "x": self.latent(model, dims, randn, _in_features(model.img_in) // (patch * patch)),
-            "timestep": self.timesteps(dims, device),
+            "t": self.timesteps(dims, device),
             "context": randn(dims.batch, dims.text, _in_features(model.txt_in)),
             "guidance": torch.zeros((dims.batch,), dtype=torch.float32, device=device),
         }
@@ -169,10 +171,27 @@ class SD3Family(ComfyFamily):
     geometry = Geometry(patch=2)
     spatial_multiple = 2
 
+    # JointBlock.forward(*args, **kwargs) is called with (context, x) positionally: named here for the
+    # graph's inputs, passed positionally again to the block.
+    _POSITIONAL = ("context", "x")
+
+    def block_inputs(self, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+        args, kwargs = super().block_inputs(args, kwargs)
+        if len(args) > len(self._POSITIONAL):
+            return args, kwargs
+        named = dict(zip(self._POSITIONAL, args))
+        named.update(kwargs)
+        return (), named
+
+    def block_forward(self, module: torch.nn.Module, *args, **kwargs) -> Any:
+        if not args and all(name in kwargs for name in self._POSITIONAL):
+            args = tuple(kwargs.pop(name) for name in self._POSITIONAL)
+        return super().block_forward(module, *args, **kwargs)
+
     def inputs(self, model, dims, randn, dtype, device):
         kwargs = {
             "x": self.latent(model, dims, randn, int(model.in_channels)),
-            "timesteps": self.timesteps(dims, device, 500.0),
+            "t": self.timesteps(dims, device, 500.0),
             "context": randn(dims.batch, dims.text, _in_features(model.context_embedder)),
         }
         if getattr(model, "y_embedder", None) is not None:
@@ -191,7 +210,7 @@ class AuraFlowFamily(ComfyFamily):
         patch = int(model.patch_size)
         return {
             "x": self.latent(model, dims, randn, _in_features(model.init_x_linear) // (patch * patch)),
-            "timestep": self.timesteps(dims, device),
+            "t": self.timesteps(dims, device),
             "context": randn(dims.batch, dims.text, _in_features(model.cond_seq_linear)),
         }
 
@@ -208,7 +227,7 @@ class WanFamily(ComfyFamily):
     def inputs(self, model, dims, randn, dtype, device):
         kwargs = {
             "x": self.latent(model, dims, randn, int(model.patch_embedding.in_channels)),
-            "timestep": self.timesteps(dims, device, 500.0),
+            "t": self.timesteps(dims, device, 500.0),
             "context": randn(dims.batch, dims.text, _in_features(model.text_embedding[0])),
         }
         if getattr(model, "img_emb", None) is not None:
@@ -227,7 +246,7 @@ class QwenImageFamily(ComfyFamily):
         channels = _in_features(model.img_in) // 4
         return {  # ComfyUI gives Qwen-Image its (Wan VAE) latent with a frame axis of 1
             "x": randn(dims.batch, channels, 1, dims.height, dims.width),
-            "timesteps": self.timesteps(dims, device),
+            "t": self.timesteps(dims, device),
             "context": randn(dims.batch, dims.text, _in_features(model.txt_in)),
         }
 
@@ -244,7 +263,7 @@ class HunyuanVideoFamily(ComfyFamily):
     def inputs(self, model, dims, randn, dtype, device):
         kwargs = {
             "x": self.latent(model, dims, randn, int(model.in_channels)),
-            "timestep": self.timesteps(dims, device, 500.0),
+            "t": self.timesteps(dims, device, 500.0),
             "context": randn(dims.batch, dims.text, _first_in(model.txt_in)),
         }
         if getattr(model, "vector_in", None) is not None:
@@ -267,7 +286,7 @@ class LTXVFamily(ComfyFamily):
     def inputs(self, model, dims, randn, dtype, device):
         return {
             "x": self.latent(model, dims, randn, int(model.in_channels)),
-            "timestep": self.timesteps(dims, device, 0.5),
+            "t": self.timesteps(dims, device, 0.5),
             "context": randn(dims.batch, dims.text, _first_in(model.caption_projection)),
             "attention_mask": torch.ones(dims.batch, dims.text, dtype=torch.long, device=device),
             "frame_rate": 25,
@@ -278,16 +297,17 @@ class Lumina2Family(ComfyFamily):
     name = "lumina2"
     model_classes = ("NextDiT",)
     block_classes = ("JointTransformerBlock",)
+    ignored_settings = frozenset({"layer_id"})  # stored by every block, read by none
+    split_stacks = True  # noise_refiner (image tokens) and layers (image and text tokens): one class, two ranges
     geometry = Geometry(patch=2)
     spatial_multiple = 2
 
     def inputs(self, model, dims, randn, dtype, device):
         return {
             "x": self.latent(model, dims, randn, int(model.in_channels)),
-            "timesteps": self.timesteps(dims, device),
+            "t": self.timesteps(dims, device),
             "context": randn(dims.batch, dims.text, _first_in(model.cap_embedder)),
-            "num_tokens": dims.text,
-            "attention_mask": torch.ones(dims.batch, dims.text, dtype=torch.long, device=device),
+            "num_tokens": dims.text,  # ComfyUI drops an all-ones mask and passes the token count
         }
 
 

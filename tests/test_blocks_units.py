@@ -116,3 +116,16 @@ def test_a_scoped_engine_serves_blocks_only_inside_its_scope():
     assert {e.reason.split(": ", 1)[1] for e in registry.fallbacks} == {"not prepared yet; running eager"}
     engine.uninstall()
     assert all("forward" not in instance.module.__dict__ for instance in engine.instances)
+
+
+def test_text_tokens_of_several_encoders_are_named_as_multiples():
+    """HiDream joins T5, Llama and a per-block Llama layer: its blocks see image tokens + 3 x the prompt."""
+    a = T.role_values({T.BATCH: 2, T.TOKENS: 20, T.SEQUENCE: 7})
+    b = T.role_values({T.BATCH: 3, T.TOKENS: 25, T.SEQUENCE: 11})
+    roles = T.infer_roles(["rope", "text"], [(2, 41, 8), (2, 21, 8)], [(3, 58, 8), (3, 33, 8)], a, b)
+    assert roles == {"rope": {0: "batch", 1: "joint*3"}, "text": {0: "batch", 1: "sequence*3"}}
+    block_range = ShapeRange(batch=(1, 4), spatial=(8, 64), sequence=(1, 128), tokens=(16, 1024))
+    assert T.role_bounds("joint*3", block_range) == (16 + 3, 1024 + 384)
+    assert T.role_bounds("sequence*3+8", block_range) == (3 + 8, 384 + 8)
+    assert T.shapes_at([(2, 41, 8)], ["rope"], roles, T.role_values({T.BATCH: 1, T.TOKENS: 100, T.SEQUENCE: 50})) == [
+        (1, 250, 8)]

@@ -24,6 +24,8 @@ class BlockFamily:
     geometry: Geometry = Geometry()
     spatial_multiple: int = 2  # latent pixels; a valid latent side is a multiple of it
     block_classes: Optional[Sequence[str]] = None  # None: the model's `_repeated_blocks`, else found by structure
+    ignored_settings: frozenset = frozenset()  # block attributes its forward never reads (a layer index)
+    split_stacks: bool = False  # one structure in several stacks called on different tokens: apart
     latent_scale: int = 8  # image pixels per latent pixel (what a node's pixel range is divided by)
     frame_scale: int = 1  # video frames per latent frame after the first (Wan, HunyuanVideo: 4; LTXV: 8)
 

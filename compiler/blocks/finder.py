@@ -74,12 +74,17 @@ def _stacks(model: torch.nn.Module, classes: Optional[Sequence[str]]) -> Iterabl
         yield path, module
 
 
-def find_blocks(model: torch.nn.Module, classes: Optional[Sequence[str]] = None) -> List[BlockGroup]:
+def find_blocks(model: torch.nn.Module, classes: Optional[Sequence[str]] = None,
+                ignored_settings: frozenset = frozenset(), split_stacks: bool = False) -> List[BlockGroup]:
     """The model's repeated blocks grouped by structure, in the order they appear.
 
     `classes` limits blocks to those class names (diffusers' `_repeated_blocks`);
     by default it is read from the model, else every repeated element class of a
-    module list counts.
+    module list counts. `ignored_settings` are block attributes the family
+    knows its forward never reads (see `structure.describe_structure`).
+    `split_stacks` keeps blocks of one structure in different stacks apart:
+    Lumina 2 runs the same block class on image tokens (`noise_refiner`) and
+    on image and text tokens (`layers`), whose token ranges differ.
     """
     if classes is None:
         declared = getattr(model, "_repeated_blocks", None)
@@ -99,11 +104,12 @@ def find_blocks(model: torch.nn.Module, classes: Optional[Sequence[str]] = None)
             path = f"{list_path}.{index}" if list_path else str(index)
             key = id(child)
             if key not in hashes:
-                hashes[key] = structure_hash(child)
+                hashes[key] = structure_hash(child, ignored_settings)
             structure = hashes[key]
-            group = groups.get(structure)
+            where = (structure, list_path if split_stacks else None)
+            group = groups.get(where)
             if group is None:
-                group = groups[structure] = BlockGroup(structure, name)
+                group = groups[where] = BlockGroup(structure, name)
             group.instances.append((path, child))
     return list(groups.values())
 

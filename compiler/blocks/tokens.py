@@ -13,6 +13,9 @@ Roles of a block input dimension:
 
 - `batch`, `tokens` (image/video tokens), `sequence` (text tokens);
 - `joint`: tokens + sequence;
+- `sequence*<k>`, `joint*<k>`: k times the text tokens (alone, or after the
+  image tokens), for models that join k text encoders' tokens (HiDream: T5,
+  Llama and each block's own Llama layer, 3 x the prompt);
 - `<role>+<n>`: a role plus a constant (e.g. 257 image-prompt tokens before
   the text);
 - anything else that changes between the probes is *unknown*: that block
@@ -29,6 +32,9 @@ from ..shapes import ShapeRange
 
 BATCH, TOKENS, SEQUENCE, JOINT = "batch", "tokens", "sequence", "joint"
 BASE_ROLES = (BATCH, TOKENS, SEQUENCE, JOINT)
+TEXT_MULTIPLES = (2, 3, 4)
+# Tried after the base roles when naming a dimension (a coincidence then names the simpler role).
+MULTIPLE_ROLES = tuple(f"{base}*{k}" for k in TEXT_MULTIPLES for base in (SEQUENCE, JOINT))
 
 RoleMap = Dict[str, Dict[int, str]]  # input path -> dim -> role
 
@@ -83,6 +89,9 @@ class Geometry:
 def role_values(counts: Dict[str, int]) -> Dict[str, int]:
     out = dict(counts)
     out[JOINT] = counts[TOKENS] + counts[SEQUENCE]
+    for k in TEXT_MULTIPLES:
+        out[f"{SEQUENCE}*{k}"] = k * counts[SEQUENCE]
+        out[f"{JOINT}*{k}"] = counts[TOKENS] + k * counts[SEQUENCE]
     return out
 
 
@@ -94,12 +103,15 @@ def role_bounds(role: str, block_range: ShapeRange) -> Tuple[int, int]:
     """Inclusive bounds of a role (with its constant offset) in a block range."""
     base, _, offset = role.partition("+")
     extra = int(offset) if offset else 0
+    base, _, times = base.partition("*")
+    k = int(times) if times else 1
     if base == JOINT:
         t_low, t_high = block_range.bounds(TOKENS)
         s_low, s_high = block_range.bounds(SEQUENCE)
-        low, high = t_low + s_low, t_high + s_high
+        low, high = t_low + k * s_low, t_high + k * s_high
     else:
         low, high = block_range.bounds(base)
+        low, high = k * low, k * high
     return low + extra, high + extra
 
 
@@ -176,8 +188,11 @@ def infer_roles(paths: Sequence[str], shapes_a: Sequence[Sequence[int]], shapes_
 
     A dimension equal in both probes is static. One that differs is the role
     whose two sizes it equals, else a role plus a constant (`sequence+257`),
-    tried in the order batch, tokens, sequence, joint; else UnknownDimension.
+    tried in the order batch, tokens, sequence, joint, then multiples of the
+    text tokens (`sequence*3`, `joint*3`); else UnknownDimension.
     """
+    counts_a = role_values({k: counts_a[k] for k in (BATCH, TOKENS, SEQUENCE)})
+    counts_b = role_values({k: counts_b[k] for k in (BATCH, TOKENS, SEQUENCE)})
     roles: RoleMap = {}
     for path, shape_a, shape_b in zip(paths, shapes_a, shapes_b):
         if len(shape_a) != len(shape_b):
@@ -207,6 +222,10 @@ def _match(x: int, y: int, counts_a: Dict[str, int], counts_b: Dict[str, int]) -
         offset = x - counts_a[role]
         if offset > 0 and y - counts_b[role] == offset:
             return f"{role}+{offset}"
+    for role in MULTIPLE_ROLES:
+        offset = x - counts_a[role]
+        if offset >= 0 and y - counts_b[role] == offset:
+            return role if offset == 0 else f"{role}+{offset}"
     return None
 
 

@@ -23,8 +23,8 @@ import sys
 RANGE = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, save_compiled=False,
              backend="aot", max_frames=17)
 # (width, height, batch, text tokens, video frames): three resolutions, batch 1 and 2, two prompt lengths, two
-# frame counts, and a size that is no multiple of 16 (ComfyUI pads it to the patch size).
-SWEEP = [(128, 128, 1, 7, 5), (192, 128, 2, 20, 9), (128, 256, 1, 20, 9), (200, 136, 2, 7, 5)]
+# frame counts, and a size whose latent is no multiple of 4 (HunyuanVideo takes multiples of 16 pixels only).
+SWEEP = [(128, 128, 1, 7, 5), (192, 128, 2, 20, 9), (128, 256, 1, 20, 9), (208, 144, 2, 7, 5)]
 RESTART_SWEEP = [(160, 160, 1, 11, 5), (128, 192, 2, 16, 9)]
 
 
@@ -102,10 +102,10 @@ def main(pack: str, base: str, family_name: str, phase: str) -> dict:
         out["sweep_fallbacks"] = fallbacks_since(mark)
         out["block_calls"] = [engine.graph_calls, engine.eager_calls]
 
-        # LoRA-style patches on every block's first weight: applied by ComfyUI when it loads the model; the
+        # LoRA-style patches on every block's first Linear weight: applied by ComfyUI when it loads the model; the
         # graphs bind the patched weights, at any strength, with no compile.
-        keys = [f"diffusion_model.{path}.{name}" for group in engine.groups for path, module in group.instances
-                for name, p in list(module.named_parameters())[:1] if p.ndim == 2]
+        keys = [f"diffusion_model.{path}.{next(n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear))}"
+                ".weight" for group in engine.groups for path, module in group.instances]
         generator = torch.Generator().manual_seed(11)
         state = family.patcher.model_state_dict()
         patches = {k: (0.2 * torch.randn(state[k].shape, generator=generator),) for k in keys}
