@@ -25,7 +25,6 @@ import torch
 from .backends import DEFAULT_BACKEND, BackendUnavailable, CompiledGraph, CompileFailed, get_backend
 from .backends.base import CannotServe, CompileDeferred, GraphMismatch, GuardsUnknown, Progress, range_failure
 from .binding import CallBinder, CallDoesNotBind
-from .environment import device_kind, dtype_name, torch_version
 from .flat_module import ForwardFn
 from .keys import FamilyKey, GraphKey
 from .library import GraphLibrary
@@ -143,15 +142,8 @@ class CompiledForward:
     def expected_family(self, signature: str, dtype: Optional[torch.dtype] = None) -> FamilyKey:
         """The family a graph needs to serve calls of `signature` to this module (in `dtype`, default its own)."""
         device = self.options.device or module_device(self.module)
-        return FamilyKey(
-            architecture=architecture_name(self.module),
-            structure=self.structure(),
-            signature=signature,
-            dtype=dtype_name(dtype or module_dtype(self.module)),
-            device=device_kind(device),
-            backend=self.options.backend,
-            torch_version=torch_version(),
-        )
+        return FamilyKey.here(architecture_name(self.module), self.structure(), signature,
+                              dtype or module_dtype(self.module), device, self.options.backend)
 
     def family_for(self, call: FlatCall) -> FamilyKey:
         return self.expected_family(call.signature.id)

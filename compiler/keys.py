@@ -31,6 +31,15 @@ class FamilyKey:
     backend: str
     torch_version: str
 
+    @classmethod
+    def here(cls, architecture: str, structure: str, signature: str, dtype, device, backend: str) -> "FamilyKey":
+        """The family of a graph that runs on this machine's torch, from a dtype and device as torch names
+        them: the one place where those become key fields (whole models and blocks alike)."""
+        from .environment import device_kind, dtype_name, torch_version
+
+        return cls(architecture=architecture, structure=structure, signature=signature, dtype=dtype_name(dtype),
+                   device=device_kind(device), backend=backend, torch_version=torch_version())
+
     @property
     def id(self) -> str:
         return _short_hash(asdict(self))

@@ -90,6 +90,8 @@ class ComfyFamily(BlockFamily):
     model_classes: Tuple[str, ...] = ()
     block_classes = ()
     video = False
+    geometry = Geometry(patch=2)  # 2x2 latent pixels per token: every image family here
+    spatial_multiple = 2
 
     def block_inputs(self, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
         _register_dataclasses(args, kwargs)
@@ -133,8 +135,6 @@ class FluxFamily(ComfyFamily):
     name = "flux"
     model_classes = ("Flux",)
     block_classes = ("DoubleStreamBlock", "SingleStreamBlock")
-    geometry = Geometry(patch=2)
-    spatial_multiple = 2
 
     def inputs(self, model, dims, randn, dtype, device):
         patch = int(getattr(model, "patch_size", 2))
@@ -168,8 +168,6 @@ class SD3Family(ComfyFamily):
     name = "sd3"
     model_classes = ("OpenAISignatureMMDITWrapper",)
     block_classes = ("JointBlock",)
-    geometry = Geometry(patch=2)
-    spatial_multiple = 2
 
     # JointBlock.forward(*args, **kwargs) is called with (context, x) positionally: named here for the
     # graph's inputs, passed positionally again to the block.
@@ -203,8 +201,6 @@ class AuraFlowFamily(ComfyFamily):
     name = "auraflow"
     model_classes = ("MMDiT",)
     block_classes = ("MMDiTBlock", "DiTBlock")
-    geometry = Geometry(patch=2)
-    spatial_multiple = 2
 
     def inputs(self, model, dims, randn, dtype, device):
         patch = int(model.patch_size)
@@ -239,8 +235,6 @@ class QwenImageFamily(ComfyFamily):
     name = "qwen-image"
     model_classes = ("QwenImageTransformer2DModel",)
     block_classes = ("QwenImageTransformerBlock",)
-    geometry = Geometry(patch=2)
-    spatial_multiple = 2
 
     def inputs(self, model, dims, randn, dtype, device):
         channels = _in_features(model.img_in) // 4
@@ -299,8 +293,6 @@ class Lumina2Family(ComfyFamily):
     block_classes = ("JointTransformerBlock",)
     ignored_settings = frozenset({"layer_id"})  # stored by every block, read by none
     split_stacks = True  # noise_refiner (image tokens) and layers (image and text tokens): one class, two ranges
-    geometry = Geometry(patch=2)
-    spatial_multiple = 2
 
     def inputs(self, model, dims, randn, dtype, device):
         return {
@@ -315,8 +307,6 @@ class HiDreamFamily(ComfyFamily):
     name = "hidream"
     model_classes = ("HiDreamImageTransformer2DModel",)
     block_classes = ("HiDreamImageBlock",)
-    geometry = Geometry(patch=2)
-    spatial_multiple = 2
 
     def inputs(self, model, dims, randn, dtype, device):
         layers = max(model.llama_layers) + 1

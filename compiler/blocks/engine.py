@@ -198,31 +198,29 @@ class BlockEngine:
                 f"glue eager" + (f"; {r['problem']}" if r["problem"] else ""))
 
     # -- calling ----------------------------------------------------------------
-    def eager_now(self) -> bool:
-        return bool(getattr(self._local, "eager", False))
-
     @contextlib.contextmanager
-    def eager_scope(self):
-        """Every block runs its own forward inside (the reference path)."""
-        previous = getattr(self._local, "eager", False)
-        self._local.eager = True
+    def _flag(self, name: str):
+        """A per-thread flag set inside (sampling threads of one model never see each other's)."""
+        previous = getattr(self._local, name, False)
+        setattr(self._local, name, True)
         try:
             yield
         finally:
-            self._local.eager = previous
+            setattr(self._local, name, previous)
+
+    def eager_now(self) -> bool:
+        return bool(getattr(self._local, "eager", False))
+
+    def eager_scope(self):
+        """Every block runs its own forward inside (the reference path)."""
+        return self._flag("eager")
 
     def serving_now(self) -> bool:
         return bool(getattr(self._local, "serving", False))
 
-    @contextlib.contextmanager
     def serving(self):
         """Blocks of a `scoped` engine serve from graphs inside (the adapter's hook around a model call)."""
-        previous = getattr(self._local, "serving", False)
-        self._local.serving = True
-        try:
-            yield
-        finally:
-            self._local.serving = previous
+        return self._flag("serving")
 
     def eager(self, *args, **kwargs) -> Any:
         with self.eager_scope():

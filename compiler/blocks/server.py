@@ -22,7 +22,7 @@ import torch.utils._pytree as pytree
 from ..backends import BackendUnavailable, get_backend
 from ..backends.base import CompiledGraph, CompileFailed
 from ..binding import CallBinder
-from ..environment import device_kind, dtype_name, torch_version
+from ..environment import dtype_name
 from ..keys import FamilyKey, GraphKey
 from ..registry import COMPILE, FALLBACK, LOAD, REFUSED
 from ..signature import FlatCall, UnsupportedCall
@@ -173,15 +173,8 @@ class BlockServer:
         device, dtype = weights.device_and_dtype()
         self._device, self._dtype = device, dtype
         options = self.engine.options
-        self.family = FamilyKey(
-            architecture=self.group.class_name,
-            structure=self.group.structure,
-            signature=call.signature.id,
-            dtype=dtype_name(dtype) if dtype is not None else "none",
-            device=device_kind(device) if device is not None else "cpu",
-            backend=options.backend,
-            torch_version=torch_version(),
-        )
+        self.family = FamilyKey.here(self.group.class_name, self.group.structure, call.signature.id,
+                                     dtype, device if device is not None else "cpu", options.backend)
         block_range = self.engine.block_range
         bounds = [{d: T.role_bounds(role, block_range) for d, role in roles.get(path, {}).items()}
                   for path in call.tensor_paths]

@@ -14,11 +14,11 @@ one JSON object of findings after "KEEPFAST-RESULT ".
 
 from __future__ import annotations
 
-import asyncio
-import importlib.util
 import json
 import os
 import sys
+
+from kf_inprocess import load_pack  # noqa: E402  (this script's folder is on sys.path)
 
 RANGE = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, save_compiled=False,
              backend="aot", max_frames=17)
@@ -26,17 +26,6 @@ RANGE = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=Tr
 # frame counts, and a size whose latent is no multiple of 4 (HunyuanVideo takes multiples of 16 pixels only).
 SWEEP = [(128, 128, 1, 7, 5), (192, 128, 2, 20, 9), (128, 256, 1, 20, 9), (208, 144, 2, 7, 5)]
 RESTART_SWEEP = [(160, 160, 1, 11, 5), (128, 192, 2, 16, 9)]
-
-
-def load_pack(pack: str):
-    name = pack.replace(".", "_x_").replace("/", "_")
-    spec = importlib.util.spec_from_file_location(name, os.path.join(pack, "__init__.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    extension = asyncio.run(module.comfy_entrypoint())
-    nodes = {node.__name__: node for node in asyncio.run(extension.get_node_list())}
-    return name, nodes
 
 
 def main(pack: str, base: str, family_name: str, phase: str) -> dict:

@@ -46,6 +46,17 @@ def capture_server(utils, runtime):
     return progress, sent
 
 
+def load_pack(pack: str):
+    """(package name, node classes by name): the pack imported as ComfyUI's loader does it."""
+    name = pack.replace(".", "_x_")
+    spec = importlib.util.spec_from_file_location(name, os.path.join(pack, "__init__.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    extension = asyncio.run(module.comfy_entrypoint())
+    return name, {node.__name__: node for node in asyncio.run(extension.get_node_list())}
+
+
 def main(pack: str, base: str, checkpoint: str) -> dict:
     sys.path.insert(0, os.environ["COMFYUI_PATH"])
     import comfy.cli_args
@@ -57,13 +68,7 @@ def main(pack: str, base: str, checkpoint: str) -> dict:
     user_graphs = os.path.join(base, "user_graphs")
     folder_paths.add_model_folder_path("graphs", user_graphs, is_default=True)  # as extra_model_paths.yaml would
 
-    name = pack.replace(".", "_x_")
-    spec = importlib.util.spec_from_file_location(name, os.path.join(pack, "__init__.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    extension = asyncio.run(module.comfy_entrypoint())
-    nodes = {node.__name__: node for node in asyncio.run(extension.get_node_list())}
+    name, nodes = load_pack(pack)
     runtime = sys.modules[name + ".nodes.runtime"]
 
     def model_speedup(model, **chosen):

@@ -234,3 +234,67 @@ def test_workflow_is_ui_format_and_consistent(path):
         for entry in node.get("inputs", []):
             if entry.get("link") is None:
                 assert entry.get("shape") == 7, f"required input {entry['name']} of {node['type']} is unconnected"
+
+
+# -- block graphs of ComfyUI's transformer families (nodes/blocks.py) ------------------------------------------
+
+_blocks = pack_module(PACK, "nodes.blocks")
+
+
+class _Instance:
+    def __init__(self, module):
+        self.module = module
+
+
+class _CastLinear(torch.nn.Linear):
+    """The attributes ComfyUI's ops give a Linear (weights patched per call when the lists are non-empty)."""
+
+    def __init__(self):
+        super().__init__(4, 4)
+        self.weight_function, self.bias_function = [], []
+
+
+def test_a_block_runs_eager_for_its_own_attention_override_or_weights_patched_per_call():
+    policy = _blocks.BlockPolicy()
+    block = torch.nn.Sequential(_CastLinear(), torch.nn.GELU(), _CastLinear())
+    instance = _Instance(block)
+    ours = _blocks._graph_attention_options()
+    assert policy(instance, (), {"transformer_options": ours}) is None
+    assert policy(instance, (), {"transformer_options": {"block_index": 3, "cond_or_uncond": [0, 1]}}) is None
+
+    def sage_attention(func, *args, **kwargs):
+        return func(*args, **kwargs)
+
+    reason = policy(instance, (), {"transformer_options": {"optimized_attention_override": sage_attention}})
+    assert "attention override" in reason and "sage_attention" in reason
+    block[2].weight_function.append(lambda weight, **kwargs: weight)
+    assert "patched on the fly" in policy(instance, (), {"transformer_options": ours})
+
+
+def test_video_families_turn_frames_and_pixels_into_their_latent_units():
+    wan, ltxv, flux = _blocks.WanFamily(), _blocks.LTXVFamily(), _blocks.FluxFamily()
+    assert wan.latent_frames(81) == 21 and ltxv.latent_frames(97) == 13 and flux.latent_frames(81) == 81
+    r = _blocks.block_range(wan, 64, 1024, 2, 81)
+    assert (r.spatial, r.frames, r.batch) == ((8, 128), (1, 21), (1, 4))
+    r = _blocks.block_range(ltxv, 64, 1024, 1, 97)
+    assert (r.spatial, r.frames) == ((2, 32), (1, 13))  # LTXV's VAE: 32 pixels per latent pixel
+    assert _blocks.block_range(flux, 64, 1024, 1, 81).frames is None
+    assert wan.geometry.tokens(_blocks.Dims(1, 16, 16, frames=5)) == 5 * 8 * 8  # frames are their own axis
+
+
+def test_sd3_joint_blocks_positional_inputs_are_named_for_the_graph_and_passed_back_in_order():
+    sd3 = _blocks.SD3Family()
+    context, x, c = torch.zeros(1, 3, 4), torch.ones(1, 5, 4), torch.zeros(1, 4)
+    args, kwargs = sd3.block_inputs((context, x), {"c": c, "use_checkpoint": False, "transformer_options": {}})
+    assert args == () and list(kwargs) == ["context", "x", "c", "use_checkpoint"]
+    seen = []
+
+    class JointBlock(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            seen.append((args, sorted(kwargs)))
+            return args
+
+    sd3.block_forward(JointBlock(), **kwargs)
+    (got_args, got_names), = seen
+    assert got_args[0] is context and got_args[1] is x
+    assert got_names == ["c", "transformer_options", "use_checkpoint"]
