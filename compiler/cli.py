@@ -53,10 +53,18 @@ def _graphs_ls(args) -> int:
             print(f"{row['name']}  UNREADABLE: {row['problem']}")
             continue
         ranges = ", ".join(f"{k} {v[0]}-{v[1]}" for k, v in row["shape_range"].items())
-        print(f"{row['name']}  {row['architecture']} {row['dtype']} {row['device']} {row['backend']} "
+        print(f"{row['name']}  {_serves(row)} {row['dtype']} {row['device']} {row['backend']} "
               f"torch {row['torch_version']}  [{ranges}]  {row['bytes'] / 1e6:.1f} MB  "
               f"{'trusted' if row['trusted'] else 'NOT TRUSTED'}  {row['created']}")
     return 0
+
+
+def _serves(row: dict) -> str:
+    """What a graph serves: a model, or the blocks of one ('FluxTransformerBlock x19 of FluxTransformer2DModel')."""
+    block = row.get("block")
+    if not isinstance(block, dict):
+        return row["architecture"]
+    return f"{row['architecture']} x{block.get('instances', '?')} of {block.get('model', '?')}"
 
 
 def _graphs_verify(args) -> int:

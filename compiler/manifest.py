@@ -141,6 +141,7 @@ class Manifest:
             "torch_version": family.torch_version,
             "shape_range": self.key.shape_range.to_json(),
             "inputs": [t.get("path") for t in self.signature.get("tensors", [])],
+            "block": self.signature.get("block"),  # a block graph: {class, instances, paths, model}; else None
             "bytes": self.package_bytes,
             "needs": self.info.needs,
             "created": self.created,

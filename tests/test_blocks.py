@@ -205,3 +205,12 @@ def test_a_block_call_of_another_input_structure_runs_eager_with_the_reason(flux
     assert all(torch.equal(a, b) for a, b in zip(out, ref))
     reasons = [e.reason for e in served.registry.fallbacks[before:]]
     assert any("input structure differs" in r for r in reasons), reasons
+
+
+def test_the_graph_library_names_the_blocks_and_the_model_a_graph_serves(served):
+    result = subprocess.run([sys.executable, "-m", "compiler", "graphs", "ls", str(served.graphs)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for server in served.engine.servers:
+        line = f"{server.group.class_name} x{len(server.instances)} of {tt.CLASSES[served.name]}"
+        assert line in result.stdout, result.stdout

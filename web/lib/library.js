@@ -146,7 +146,9 @@ export class GraphLibrary {
     }
     const torchNote = graph.torch_version === torchHere ? "" : ` (this machine: ${torchHere})`;
     const fields = [
-      ["architecture", graph.architecture],
+      ["architecture", graph.block
+        ? `${graph.architecture} blocks (${graph.block.instances} in ${graph.block.model}: ${graph.block.paths.join(" .. ")})`
+        : graph.architecture],
       ["dtype", `${graph.dtype} on ${graph.device}, ${graph.backend}`],
       ["shape range", range(graph.shape_range)],
       ["size", megabytes(graph.bytes)],
