@@ -102,6 +102,9 @@ def vae_speedup(vae, settings: Settings, report: Report):
 
 
 def _blocks_summary(engine: BlockEngine, settings: Settings) -> str:
+    if settings.backend != "aot":
+        return (f"{engine.label}: a transformer served block by block, and block graphs are built with the aot "
+                f"backend, not {settings.backend}: it runs uncompiled (choose aot)")
     r = engine.block_range
     frames = f", up to {settings.max_frames} video frames ({r.frames[1]} latent)" if engine.family.video else ""
     kinds = ", ".join(group.describe() for group in engine.groups)
