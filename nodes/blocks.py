@@ -31,13 +31,9 @@ import torch
 from ..compiler.blocks import BlockEngine, BlockFamily, BlockInstance, BlockOptions, Dims, Geometry
 from ..compiler.blocks.family import generator_for
 from ..compiler.shapes import ShapeRange
+from .attention import graph_attention
+from .attention import graph_attention_options as _graph_attention_options
 from .sizes import latent_range
-
-
-def _graph_attention_options() -> dict:
-    from .unet import _graph_attention
-
-    return {"optimized_attention_override": _graph_attention}
 
 
 def _like(module: torch.nn.Module) -> Tuple[torch.dtype, torch.device]:
@@ -357,7 +353,7 @@ class BlockPolicy:
     def __call__(self, instance: BlockInstance, args: tuple, kwargs: dict) -> Optional[str]:
         options = kwargs.get("transformer_options") or {}
         override = options.get("optimized_attention_override")
-        if override is not None and getattr(override, "__name__", "") != "_graph_attention":
+        if override is not None and override is not graph_attention:
             return (f"its transformer_options carry an attention override "
                     f"({getattr(override, '__qualname__', type(override).__name__)}), which runs Python inside the "
                     "block")

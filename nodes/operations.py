@@ -264,10 +264,10 @@ def save(model, vae, name: str, report: Report):
     return model_out, vae_out
 
 
-def _prepare_blocks(runner: unet.UnetRunner, engine: BlockEngine, report: Report) -> None:
+def _prepare_blocks(runner: unet.UnetRunner, engine: BlockEngine, report: Report, force: bool = False) -> None:
     """Find, load or compile every block structure's graph now (no image needed)."""
     started = time.perf_counter()
-    runner.prepare_blocks(engine)
+    runner.prepare_blocks(engine, force=force)
     for server in engine.servers:
         line = server.status() if not server.ready else f"{server.status()} {server.graph.key.id}"
         report.add(f"{server.group.describe()}: {line}")
@@ -394,8 +394,7 @@ def _load_blocks(runner: unet.UnetRunner, model, engine: BlockEngine, choice: st
                     continue
                 report.add(f"{stored.name} added to the trust list ({where.trust.path})")
     unet.load_to_device(model)
-    engine.prepared = False  # look in the graphs folders again
-    _prepare_blocks(runner, engine, report)
+    _prepare_blocks(runner, engine, report, force=True)
 
 
 def _chosen(store: MultiRootStore, choice: str, targets, report: Report) -> Iterable[Tuple[GraphStore, str, Optional[str]]]:

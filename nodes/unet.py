@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -37,6 +37,7 @@ from ..compiler.blocks import BlockEngine, BlockOptions
 from ..compiler.keys import FamilyKey
 from ..compiler.structure import architecture_name
 from . import blocks, runtime
+from .attention import graph_attention_options
 from .patches import side_inputs_reason
 from .sizes import clamp, latent_range
 
@@ -59,11 +60,11 @@ class Settings:
     def unet_range(self):
         return latent_range(self.min_size, self.max_size, self.max_batch)
 
-    def widened(self, sizes: List[Tuple[int, int]], batches: List[int], frames: Sequence[int] = ()) -> "Settings":
+    def widened(self, sizes: List[Tuple[int, int]], batches: List[int]) -> "Settings":
         values = [v for size in sizes for v in size]
         return dataclasses.replace(
             self, min_size=min([self.min_size] + values), max_size=max([self.max_size] + values),
-            max_batch=max([self.max_batch] + batches), max_frames=max([self.max_frames] + list(frames)),
+            max_batch=max([self.max_batch] + batches),
         )
 
 
@@ -77,21 +78,9 @@ def _forward_fn(module, **kwargs):
     return module._forward(transformer_options={}, **kwargs)
 
 
-# ComfyUI's split and sub-quadratic attention pick their chunking from the token count and the free
-# memory: traced, split gives a graph per latent area (h*w == 1024) and sub-quadratic one per
-# 4096-token band and memory regime. A graph computes the same attention with ComfyUI's own
-# attention_pytorch, which traces once for every shape; calls that run eager keep ComfyUI's choice.
-_CHUNKED_ATTENTION = frozenset({"attention_split", "attention_sub_quad"})
-
-
-def _graph_attention(func, *args, **kwargs):
-    pytorch = func.__globals__.get("attention_pytorch") if func.__name__ in _CHUNKED_ATTENTION else None
-    return (pytorch or func)(*args, **kwargs)
-
-
 def _traced_forward_fn(module, **kwargs):
     """_forward_fn with ComfyUI's attention override for the torch backends (aot, inductor)."""
-    return module._forward(transformer_options={"optimized_attention_override": _graph_attention}, **kwargs)
+    return module._forward(transformer_options=graph_attention_options(), **kwargs)
 
 
 def unet_example_call(in_channels: int, context_dim: Optional[int], adm_channels: Optional[int], batch: int,
@@ -124,6 +113,7 @@ class UnetRunner:
         self.base_model = base_model
         self.load_device = load_device
         self._forwards: Dict[int, CompiledForward] = {}
+        self._block_options: Dict[int, BlockOptions] = {}
         self._hook_seen = False
         self._no_hook_reported = False
 
@@ -148,13 +138,17 @@ class UnetRunner:
 
     # -- block graphs (transformer families) ---------------------------------------
     def block_options(self, family: blocks.ComfyFamily, module: torch.nn.Module) -> BlockOptions:
-        s = self.settings
-        return BlockOptions(
-            backend=s.backend, shape_range=blocks.block_range(family, s.min_size, s.max_size, s.max_batch,
-                                                              s.max_frames),
-            store=runtime.store(), autosave=s.autosave, compile_on_miss=s.compile_on_miss,
-            label=_label(self.base_model, module),
-        )
+        """This node's options for a block engine, made once per module (the APPLY_MODEL hook asks every step)."""
+        options = self._block_options.get(id(module))
+        if options is None:
+            s = self.settings
+            options = self._block_options[id(module)] = BlockOptions(
+                backend=s.backend, shape_range=blocks.block_range(family, s.min_size, s.max_size, s.max_batch,
+                                                                  s.max_frames),
+                store=runtime.store(), autosave=s.autosave, compile_on_miss=s.compile_on_miss,
+                label=_label(self.base_model, module),
+            )
+        return options
 
     def block_engine(self, module: Optional[torch.nn.Module]) -> Optional[BlockEngine]:
         """The block engine serving this diffusion model with this node's settings; None: whole-model graphs."""
@@ -163,16 +157,16 @@ class UnetRunner:
             return None
         return blocks.engine_for(module, self.block_options(family, module), runtime.registry())
 
-    def prepare_blocks(self, engine: BlockEngine) -> List[str]:
-        """Block graphs found, loaded or compiled now, with ComfyUI's progress bar (block k of n)."""
+    def prepare_blocks(self, engine: BlockEngine, force: bool = False) -> List[str]:
+        """Block graphs found, loaded or compiled now (`force`: look in the graphs folders again), with
+        ComfyUI's progress bar (block k of n)."""
         bar = progress_bar(100)
 
         def progress(text: str, fraction: float) -> None:
             if bar is not None:
                 bar.update_absolute(int(100 * fraction), 100)
 
-        with engine.serving():
-            return engine.prepare(progress)
+        return engine.prepare(progress, force=force)
 
     # -- wrappers -------------------------------------------------------------
     def apply_model_wrapper(self, executor, *args, **kwargs):

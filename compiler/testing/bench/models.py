@@ -164,13 +164,18 @@ def _sizes(small: int, mid: int, large: int, step: int) -> List[Tuple[int, int]]
     return [(small, small), (mid, mid), (large, large), (mid, large), (large, mid - step)]
 
 
-def spec(name: str, profile: str, device: str = "cpu") -> ModelSpec:
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; models: {', '.join(MODELS)}")
+def _profile(kind: str, name: str, known, profile: str, device: str) -> Tuple[bool, bool]:
+    """(quick, gpu) for a model of `kind` named on the command line, or a ValueError that lists the known ones."""
+    if name not in known:
+        raise ValueError(f"unknown {kind} {name!r}; {kind}s: {', '.join(known)}")
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}")
     quick = profile == "quick"
-    gpu = device.startswith("cuda") and not quick
+    return quick, device.startswith("cuda") and not quick
+
+
+def spec(name: str, profile: str, device: str = "cpu") -> ModelSpec:
+    quick, gpu = _profile("model", name, MODELS, profile, device)
     changes = dict(QUICK_CHANGES[name]) if quick else {}
     batches = [1, 2, 4]
     if name == "sd15":
@@ -315,12 +320,7 @@ class TransformerSpec:
 
 
 def transformer_spec(name: str, profile: str, device: str = "cpu") -> TransformerSpec:
-    if name not in TRANSFORMERS:
-        raise ValueError(f"unknown transformer {name!r}; transformers: {', '.join(TRANSFORMERS)}")
-    if profile not in PROFILES:
-        raise ValueError(f"unknown profile {profile!r}")
-    quick = profile == "quick"
-    gpu = device.startswith("cuda") and not quick
+    quick, gpu = _profile("transformer", name, TRANSFORMERS, profile, device)
     changes = dict(QUICK_TRANSFORMER_CHANGES[name]) if quick else {}
     text = QUICK_TEXT_TOKENS if quick else TEXT_TOKENS[name]
     batches = [1, 2, 4] if name == "flux" else [1, 2, 3]
