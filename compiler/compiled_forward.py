@@ -5,7 +5,7 @@ family key (one place: `expected_family`), take a graph from the registry,
 else from the graph library, else compile one (once per family and region,
 with progress and a stated reason), and run it with the module's own weights.
 
-`serve()` is the one exception boundary: whatever goes wrong inside --
+`serve()` is the boundary (`boundary.py`, shared with the block server): whatever goes wrong inside --
 binding, keys, guard checks, loading, export, AOTInductor, weight binding, a
 graph's run -- the call runs eagerly and the result says why (recorded in the
 event log once per change of reason). A bug in the pack can cost speed, never
@@ -14,17 +14,17 @@ an image. Only the eager function's own exceptions reach the caller.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from .backends import DEFAULT_BACKEND, BackendUnavailable, CompiledGraph, CompileFailed, get_backend
 from .backends.base import CannotServe, CompileDeferred, GraphMismatch, GuardsUnknown, Progress, range_failure
 from .binding import CallBinder, CallDoesNotBind
+from .boundary import Failure, contain, stage
 from .flat_module import ForwardFn
 from .keys import FamilyKey, GraphKey
 from .library import GraphLibrary
@@ -72,27 +72,6 @@ class Served:
 
     def describe(self) -> str:
         return f"eager: {self.reason}" if self.eager else f"{self.origin} graph"
-
-
-class _Failure(Exception):
-    """An unexpected exception inside the pack, with the stage it happened in."""
-
-    def __init__(self, stage: str, error: BaseException):
-        super().__init__(f"{stage} failed unexpectedly: {type(error).__name__}: {error}")
-        self.stage = stage
-        self.error = error
-
-
-@contextlib.contextmanager
-def _stage(name: str) -> Iterator[None]:
-    """Name the stage an unexpected exception came from (the boundary reports it)."""
-    try:
-        yield
-    except (_Failure, CompileDeferred, GraphMismatch, GuardsUnknown, UnsupportedCall, CallDoesNotBind,
-            CannotServe):
-        raise
-    except Exception as error:
-        raise _Failure(name, error) from error
 
 
 class CompiledForward:
@@ -177,13 +156,13 @@ class CompiledForward:
         if eager_reason is not None:
             return self._eager(None, eager_reason, run_eager)
         try:
-            with _stage("binding the call"):
+            with stage("binding the call"):
                 bound = self.binder.bind(args, kwargs)
                 side_reason = self.binder.eager_reason(bound)
                 call = FlatCall(*bound.args, self.options.role_policy) if side_reason is None else None
             if call is None:
                 return self._eager(None, side_reason, run_eager)
-            with _stage("building the graph key"):
+            with stage("building the graph key"):
                 family = self.family_for(call)
             served, why = self._run_existing(family, call)
             if served is None:
@@ -195,9 +174,7 @@ class CompiledForward:
         except CallDoesNotBind as error:
             return self._eager(family, f"the call does not fit {self.label}'s forward ({error})", run_eager)
         except Exception as error:  # noqa: BLE001 - the boundary: never an exception of ours out of a call
-            failure = error if isinstance(error, _Failure) else _Failure("serving the call", error)
-            log.warning("%s: %s", self.label, failure)
-            log.debug("%s: traceback of the failure", self.label, exc_info=failure.error)
+            failure = contain(self.label, error, "serving the call")
             return self._eager(family, str(failure), run_eager)
         if served is None:
             return self._eager(family, why or "no graph", run_eager)
@@ -210,12 +187,12 @@ class CompiledForward:
         """Run the call on the first graph of the family that serves it: (served, why not)."""
         why = None
         for _ in range(len(self.registry.family_graphs(family)) + 1):
-            with _stage("checking the graphs' shape guards"):
+            with stage("checking the graphs' shape guards"):
                 graph, reason = self.registry.find(family, call)
             if graph is None:
                 return None, why or reason
             try:
-                with _stage(f"running graph {graph.key.id}"):
+                with stage(f"running graph {graph.key.id}"):
                     output = graph.run(self.module, call)
             except GraphMismatch as mismatch:  # the graph now knows; try the next one
                 why = str(mismatch)
@@ -248,11 +225,11 @@ class CompiledForward:
         if settled and settled[0] == self.registry.generation:
             return None, settled[1]
         with self.registry.family_lock(family):
-            with _stage("checking the graphs' shape guards"):
+            with stage("checking the graphs' shape guards"):
                 graph, why = self.registry.find(family, call)
             if graph is not None:
                 return graph, None
-            with _stage("loading a stored graph"):
+            with stage("loading a stored graph"):
                 graph, reason = self._load(family, call)
             if graph is None:
                 try:
@@ -363,12 +340,12 @@ class CompiledForward:
             if probe is None:
                 continue
             try:
-                with _stage("checking the range corners' guards"):
+                with stage("checking the range corners' guards"):
                     why = self._guard_failure(family, probe)
             except GuardsUnknown as unknown:
                 log.info("%s: range corners are compiled when first used: %s", self.label, unknown)
                 return
-            except _Failure as failure:  # the corners then compile when first used
+            except Failure as failure:  # the corners then compile when first used
                 log.warning("%s: %s", self.label, failure)
                 return
             if why is None:
@@ -410,9 +387,9 @@ class CompiledForward:
         flat: List[Tuple[Optional[FlatCall], Optional[str]]] = []
         for args, kwargs in calls:
             try:
-                with _stage("binding the call"):
+                with stage("binding the call"):
                     flat.append((self.flatten(args, kwargs), None))
-            except (UnsupportedCall, CallDoesNotBind, _Failure) as error:
+            except (UnsupportedCall, CallDoesNotBind, Failure) as error:
                 flat.append((None, str(error)))
         for call, _ in flat:
             if call is not None:
@@ -424,21 +401,19 @@ class CompiledForward:
             try:
                 results.append(self._ready(call, progress))
             except Exception as error:  # noqa: BLE001 - the boundary, as in serve()
-                failure = error if isinstance(error, _Failure) else _Failure("warming up", error)
-                log.warning("%s: %s", self.label, failure)
-                log.debug("%s: traceback of the failure", self.label, exc_info=failure.error)
+                failure = contain(self.label, error, "warming up")
                 results.append(Served(None, reason=str(failure)))
         return results
 
     def _ready(self, call: FlatCall, progress: Optional[Progress]) -> Served:
         family = self.family_for(call)
-        with _stage("checking the graphs' shape guards"):
+        with stage("checking the graphs' shape guards"):
             graph, why = self.registry.find(family, call)
         if graph is None:
             graph, why = self.obtain(family, call, why, progress)
         if graph is None:
             return Served(None, reason=why or "no graph")
         if not getattr(graph, "ready", True):
-            with _stage(f"running graph {graph.key.id}"):
+            with stage(f"running graph {graph.key.id}"):
                 graph.run(self.module, call)  # backends that build on first run (torch.compile)
         return Served(None, graph.key.id, graph.origin)

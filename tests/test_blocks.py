@@ -20,6 +20,8 @@ import pytest
 import torch
 
 from compiler import GraphRegistry, compile_pipe
+from compiler.blocks.binding import SharedRunner
+from compiler.blocks.server import BlockServer
 from compiler.diffusers_api import compiled_parts
 from tests.support import tiny_transformers as tt
 
@@ -184,6 +186,43 @@ def test_a_block_whose_export_raises_runs_eager_with_the_reason(flux):
     assert report["blocks_compiled"] == 2 and report["blocks"] == 5
     single = [i for i in engine.instances if i.server.group.class_name == "FluxSingleTransformerBlock"]
     assert all(i.eager_calls == 1 and i.graph_calls == 0 for i in single)
+
+
+def _raiser(error: BaseException):
+    def raise_it(*args, **kwargs):
+        raise error
+    return raise_it
+
+
+SERVING_FAULTS = {  # stage named in the reason -> how to make it raise
+    "checking the block's call": lambda engine, mp, error: setattr(engine, "block_filter", _raiser(error)),
+    "binding the block's weights": lambda engine, mp, error: mp.setattr(BlockServer, "_weights_for", _raiser(error)),
+    "running graph": lambda engine, mp, error: mp.setattr(SharedRunner, "run", _raiser(error)),
+}
+
+
+@pytest.mark.parametrize("stage", list(SERVING_FAULTS))
+def test_a_serving_stage_that_raises_runs_the_blocks_eager_with_the_reason(flux, monkeypatch, stage):
+    """The block server's path goes through the pack's one boundary: an unexpected error is a reason, not a crash."""
+    registry = GraphRegistry()
+    for graph in flux.registry.graphs():
+        registry.add(graph)
+    model = tt.build("flux", seed=1)
+    pipe = tt.pipe_of(model)
+    compile_pipe(pipe, shape_range=tt.RANGE, registry=registry)
+    engine = compiled_parts(pipe)["transformer"]
+    engine.prepare()
+    assert engine.report()["blocks_compiled"] == 5
+    SERVING_FAULTS[stage](engine, monkeypatch, KeyError("injected"))
+    for dims in tt.sweep("flux")[:2]:  # the second call too: a broken graph is not tried again, nothing escapes
+        with torch.no_grad():
+            out = tt.call(model, dims)
+            ref = tt.reference(engine, dims)
+        assert torch.equal(out, ref)
+    assert registry.compiles == []
+    reasons = [e.reason for e in registry.fallbacks]
+    assert any(stage in r and "failed unexpectedly: KeyError: 'injected'" in r for r in reasons), reasons
+    assert all(i.graph_calls == 0 and i.eager_calls == 2 for i in engine.instances)
 
 
 def test_a_block_call_of_another_input_structure_runs_eager_with_the_reason(flux):

@@ -6,7 +6,9 @@ graph store, then compile). `BlockServer.call` is the per-call path of every
 instance: check the call against what was prepared (input structure, dtypes,
 the graph's shape guards, cached per shape), bind the instance's weights and
 run; anything else runs the instance's own forward with the reason recorded
-once. A graph that fails at run time is not used again in this process.
+once. Unexpected errors anywhere on that path are contained by the pack's one
+boundary (`compiler.boundary`), as for whole models. A graph that fails at
+run time is not used again in this process.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch.utils._pytree as pytree
 from ..backends import BackendUnavailable, get_backend
 from ..backends.base import CompiledGraph, CompileFailed
 from ..binding import CallBinder
+from ..boundary import Failure, contain, stage
 from ..environment import dtype_name
 from ..keys import FamilyKey, GraphKey
 from ..registry import COMPILE, FALLBACK, LOAD, REFUSED
@@ -43,6 +46,15 @@ class _Shapes:
     def __init__(self, shapes: Sequence[Tuple[int, ...]], paths: Sequence[str]):
         self.shapes = list(shapes)
         self.tensor_paths = list(paths)
+
+
+def _same_constant(now: Any, then: Any) -> bool:
+    """A non-tensor input the graph was traced with, unchanged (a tensor where one was is never the same)."""
+    if now is then:
+        return True
+    if isinstance(now, torch.Tensor) or isinstance(then, torch.Tensor):
+        return False
+    return bool(now == then)
 
 
 def _cut(tensor: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
@@ -405,20 +417,38 @@ class BlockServer:
             return instance.eager(args, kwargs)  # a caller that did not ask for graphs
         if not self.ready:
             return self._eager(instance, self.reason or "no graph", args, kwargs)
-        if engine.block_filter is not None:
-            reason = engine.block_filter(instance, args, kwargs)
-            if reason:
-                return self._eager(instance, reason, args, kwargs)
         try:
-            c_args, c_kwargs = self.normalise(args, kwargs)
-        except TypeError as error:
-            return self._eager(instance, f"the call does not bind to the block's inputs: {error}", args, kwargs)
-        leaves, spec = pytree.tree_flatten((c_args, c_kwargs))
-        if spec != self._spec or any(leaves[i] is not v and leaves[i] != v for i, v in self._constants):
-            return self._eager(instance, self._structure_difference(c_args, c_kwargs), args, kwargs)
-        tensors = [leaves[i] for i in self._positions]
-        if not all(isinstance(t, torch.Tensor) for t in tensors):
-            return self._eager(instance, "an input that was a tensor when prepared is not one now", args, kwargs)
+            output, reason = self._from_graph(instance, args, kwargs)
+        except Exception as error:  # noqa: BLE001 - the boundary: never an exception of ours out of a call
+            return self._eager(instance, str(contain(self.label, error, "serving the block")), args, kwargs)
+        if reason is not None:
+            return self._eager(instance, reason, args, kwargs)
+        instance.graph_calls += 1
+        instance.last_status = f"{self.origin} graph"
+        engine.registry.count_hit()
+        engine.registry.log.count("blocks.graph")
+        if self._recorded:
+            self._recorded.clear()  # a reason that comes back is recorded again
+        return output
+
+    def _from_graph(self, instance: BlockInstance, args: tuple, kwargs: dict) -> Tuple[Any, Optional[str]]:
+        """(the graph's output, None), or (None, why this call runs eager); unexpected errors name their stage."""
+        engine = self.engine
+        with stage("checking the block's call"):
+            if engine.block_filter is not None:
+                reason = engine.block_filter(instance, args, kwargs)
+                if reason:
+                    return None, reason
+            try:
+                c_args, c_kwargs = self.normalise(args, kwargs)
+            except TypeError as error:
+                return None, f"the call does not bind to the block's inputs: {error}"
+            leaves, spec = pytree.tree_flatten((c_args, c_kwargs))
+            if spec != self._spec or any(not _same_constant(leaves[i], v) for i, v in self._constants):
+                return None, self._structure_difference(c_args, c_kwargs)
+            tensors = [leaves[i] for i in self._positions]
+            if not all(isinstance(t, torch.Tensor) for t in tensors):
+                return None, "an input that was a tensor when prepared is not one now"
         shapes = tuple(tuple(t.shape) for t in tensors)
         cache_key = (shapes, tuple(t.dtype for t in tensors))
         why = self._shape_cache.get(cache_key, _MISSING)
@@ -431,24 +461,18 @@ class BlockServer:
                 self._shape_cache.clear()
             self._shape_cache[cache_key] = why
         if why:
-            return self._eager(instance, why, args, kwargs)
-        weights, reason = self._weights_for(instance)
+            return None, why
+        with stage("binding the block's weights"):
+            weights, reason = self._weights_for(instance)
         if reason:
-            return self._eager(instance, reason, args, kwargs)
-        template = self.call_template
+            return None, reason
+        running = f"running graph {self.graph.key.id}"
         try:
-            output = self.runner.run(weights, tensors, template.rebuild)
-        except Exception as error:  # a graph that breaks at run time must not break the run
-            self.reason = f"graph {self.graph.key.id} failed at run time: {type(error).__name__}: {error}"
-            log.exception("%s: %s", self.label, self.reason)
-            return self._eager(instance, self.reason, args, kwargs)
-        instance.graph_calls += 1
-        instance.last_status = f"{self.origin} graph"
-        engine.registry.count_hit()
-        engine.registry.log.count("blocks.graph")
-        if self._recorded:
-            self._recorded.clear()  # a reason that comes back is recorded again
-        return output
+            with stage(running):
+                return self.runner.run(weights, tensors, self.call_template.rebuild), None
+        except Failure as failure:  # a graph that breaks at run time is not used again in this process
+            self.reason = str(failure)
+            raise
 
     def _why_not(self, shapes, dtypes) -> Optional[str]:
         template = self.call_template
