@@ -69,8 +69,22 @@ class BlockOptions:
 class _Capture:
     """The first call of each block structure during one probe call of the model."""
 
-    def __init__(self):
+    def __init__(self, structures: int):
         self.calls: Dict[int, Tuple[tuple, dict]] = {}
+        self.structures = structures
+
+    @property
+    def complete(self) -> bool:
+        return len(self.calls) >= self.structures
+
+
+class _CaptureComplete(Exception):
+    """Ends a probe call once every block structure has its inputs.
+
+    Only the first call of each structure is needed; the rest of the model
+    would run eager for nothing (on Wan 1.3B on a CPU, the two probes took
+    26 s of a 65 s first call).
+    """
 
 
 class BlockEngine:
@@ -235,6 +249,8 @@ class BlockEngine:
         capture = self.capturing
         if capture is not None and id(server) not in capture.calls:
             capture.calls[id(server)] = (args, kwargs)
+            if capture.complete:
+                raise _CaptureComplete()
         return instance.eager(args, kwargs)
 
     # -- preparing ----------------------------------------------------------------
@@ -293,14 +309,15 @@ class BlockEngine:
             args, kwargs = self.family.example_call(self.module, dims)
         except Exception as error:
             return {}, f"the {self.family.name} example call cannot be built: {type(error).__name__}: {error}"
-        capture = _Capture()
+        capture = _Capture(len(self.servers))
         self.capturing = capture
         try:
             with torch.no_grad():
                 self.forward_fn(self.module, *args, **kwargs)
-        except Exception as error:
-            return {}, (f"the model failed on an example call ({dims.describe()}): "
-                        f"{type(error).__name__}: {error}")
+        except Exception as error:  # _CaptureComplete, or one a model's own code made of it
+            if not capture.complete:
+                return {}, (f"the model failed on an example call ({dims.describe()}): "
+                            f"{type(error).__name__}: {error}")
         finally:
             self.capturing = None
         return capture.calls, None
