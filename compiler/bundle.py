@@ -19,6 +19,7 @@ from typing import List, Optional
 
 import torch
 
+from . import machine_fit
 from .atomic import sha256_bytes, write_via
 from .environment import torch_version
 from .manifest import Manifest, ManifestError
@@ -82,6 +83,10 @@ def compatibility_problems(manifest: Manifest, expect_dtype: Optional[str] = Non
         problems.append(f"built for device {family.device}, which this machine does not have")
     if expect_dtype and family.dtype != expect_dtype:
         problems.append(f"built for dtype {family.dtype}, {expect_dtype} was asked for")
+    if manifest.info.needs:  # the CPU level or GPU it was built for; the loader checks the same before loading
+        reason = machine_fit.why_not_here(manifest.info.needs)
+        if reason:
+            problems.append(reason)
     return problems
 
 

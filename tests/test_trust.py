@@ -168,6 +168,15 @@ def test_bundles_round_trip_untrusted_and_refuse_other_environments(saved_pipe, 
             archive.writestr("package", data)
         with pytest.raises(GraphRefused, match=words):
             import_bundle(GraphStore(tmp_path / f"r-{field}"), forged)
+    needs = dict(manifest.info.needs, cpu_features=[*manifest.info.needs["cpu_features"], "keepfast_test_instruction"])
+    other = dataclasses.replace(manifest, info=dataclasses.replace(manifest.info, needs=needs))
+    forged = tmp_path / "other-cpu.kfgraph"
+    with zipfile.ZipFile(forged, "w") as archive:
+        archive.writestr("manifest.json", other.dumps())
+        archive.writestr("package", data)
+    with pytest.raises(GraphRefused, match="CPU lacks: keepfast_test_instruction"):
+        import_bundle(GraphStore(tmp_path / "r-cpu"), forged)
+    assert not (tmp_path / "r-cpu").exists() or not GraphStore(tmp_path / "r-cpu").graphs()
     with pytest.raises(GraphRefused, match="dtype"):
         import_bundle(GraphStore(tmp_path / "r-dtype"), bundle, expect_dtype="float16")
     broken = tmp_path / "broken.kfgraph"
