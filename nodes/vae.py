@@ -21,6 +21,7 @@ from ..compiler.backends.base import portable_forward
 from ..compiler.keys import FamilyKey
 from ..compiler.structure import architecture_name
 from . import runtime
+from .attention import graph_vae_attention
 from .sizes import clamp
 from .unet import Settings
 
@@ -34,10 +35,12 @@ def _vae_forward(module, op, sample):
 
     `module` is the VAE's own first_stage_model (the runner's, never the copy
     whose decode/encode route here), or the oneflow backend's OneFlow copy of it.
+    Split attention is traced as pytorch attention: one graph for every size.
     """
     if op not in OPS:
         raise ValueError(f"unknown VAE operation {op!r}")
-    return getattr(module, op)(sample)
+    with graph_vae_attention(module):
+        return getattr(module, op)(sample)
 
 
 class VaeRunner:
