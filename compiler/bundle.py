@@ -11,7 +11,6 @@ the graph library), since a package is native code.
 
 from __future__ import annotations
 
-import io
 import json
 import zipfile
 from pathlib import Path
@@ -83,10 +82,10 @@ def compatibility_problems(manifest: Manifest, expect_dtype: Optional[str] = Non
         problems.append(f"built for device {family.device}, which this machine does not have")
     if expect_dtype and family.dtype != expect_dtype:
         problems.append(f"built for dtype {family.dtype}, {expect_dtype} was asked for")
-    if manifest.info.needs:  # the CPU level or GPU it was built for; the loader checks the same before loading
-        reason = machine_fit.why_not_here(manifest.info.needs)
-        if reason:
-            problems.append(reason)
+    # the CPU level or GPU it was built for: the loader checks the same before loading
+    reason = machine_fit.why_not_here(manifest.info.needs)
+    if reason:
+        problems.append(reason)
     return problems
 
 
