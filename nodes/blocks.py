@@ -22,6 +22,7 @@ another device (offloaded): the rest of the model stays compiled.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -29,18 +30,26 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..compiler.blocks import BlockEngine, BlockFamily, BlockInstance, BlockOptions, Dims, Geometry
-from ..compiler.blocks.family import generator_for
+from ..compiler.blocks.family import generator_for, model_dtype_device
 from ..compiler.shapes import ShapeRange
 from .attention import graph_attention
 from .attention import graph_attention_options as _graph_attention_options
 from .sizes import latent_range
 
 
-def _like(module: torch.nn.Module) -> Tuple[torch.dtype, torch.device]:
-    for tensor in module.parameters():
-        if tensor.is_floating_point():
-            return tensor.dtype, tensor.device
-    return torch.float32, torch.device("cpu")
+def input_dtype(base_model: Any) -> Optional[torch.dtype]:
+    """The dtype ComfyUI's BaseModel casts the diffusion model's inputs to: its manual-cast dtype, else the weights'.
+
+    Not a parameter's dtype: some layers stay float32 in a bfloat16 model
+    (Wan's patch embedding), and fp8 weights compute in the manual-cast dtype.
+    Example calls (ahead of time, and the probes of the first image) must be
+    what the sampler sends, or they fail where the sampler would not.
+    """
+    cast = getattr(base_model, "manual_cast_dtype", None)
+    if cast is not None:
+        return cast
+    weights = getattr(base_model, "get_dtype", None)
+    return weights() if weights is not None else None
 
 
 def _in_features(layer: Any) -> int:
@@ -88,6 +97,13 @@ class ComfyFamily(BlockFamily):
     video = False
     geometry = Geometry(patch=2)  # 2x2 latent pixels per token: every image family here
     spatial_multiple = 2
+    inputs_dtype: Optional[torch.dtype] = None  # set per model by engine_for (`input_dtype`)
+
+    def for_inputs(self, dtype: Optional[torch.dtype]) -> "ComfyFamily":
+        """This family for one model whose sampler sends `dtype` inputs (the shared instance stays as is)."""
+        own = copy.copy(self)
+        own.inputs_dtype = dtype
+        return own
 
     def block_inputs(self, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
         _register_dataclasses(args, kwargs)
@@ -101,7 +117,8 @@ class ComfyFamily(BlockFamily):
         return type(module).forward(module, *args, transformer_options=_graph_attention_options(), **kwargs)
 
     def example_call(self, model: torch.nn.Module, dims: Dims) -> Tuple[tuple, dict]:
-        dtype, device = _like(model)
+        declared, device = model_dtype_device(model)
+        dtype = self.inputs_dtype or declared
         generator = generator_for(dims)
 
         def randn(*shape) -> torch.Tensor:
@@ -367,8 +384,12 @@ class BlockPolicy:
 _ENGINES: "weakref.WeakKeyDictionary[torch.nn.Module, BlockEngine]" = weakref.WeakKeyDictionary()
 
 
-def engine_for(module: torch.nn.Module, options: BlockOptions, registry) -> Optional[BlockEngine]:
-    """The one block engine of this diffusion model module (installed on its blocks, scoped), or None."""
+def engine_for(module: torch.nn.Module, options: BlockOptions, registry,
+               dtype: Optional[torch.dtype] = None) -> Optional[BlockEngine]:
+    """The one block engine of this diffusion model module (installed on its blocks, scoped), or None.
+
+    `dtype`: what the sampler casts the model's inputs to (`input_dtype`), for its example calls.
+    """
     engine = _ENGINES.get(module)
     if engine is not None:
         engine.options = options
@@ -376,7 +397,7 @@ def engine_for(module: torch.nn.Module, options: BlockOptions, registry) -> Opti
     family = family_of(module)
     if family is None:
         return None
-    engine = BlockEngine(module, family, options, registry, scoped=True)
+    engine = BlockEngine(module, family.for_inputs(dtype), options, registry, scoped=True)
     engine.block_filter = BlockPolicy()
     engine.install_blocks()
     _ENGINES[module] = engine

@@ -155,7 +155,8 @@ class UnetRunner:
         family = blocks.family_of(module) if module is not None else None
         if family is None:
             return None
-        return blocks.engine_for(module, self.block_options(family, module), runtime.registry())
+        return blocks.engine_for(module, self.block_options(family, module), runtime.registry(),
+                                 dtype=blocks.input_dtype(self.base_model))
 
     def prepare_blocks(self, engine: BlockEngine, force: bool = False) -> List[str]:
         """Block graphs found, loaded or compiled now (`force`: look in the graphs folders again), with
@@ -224,7 +225,7 @@ class UnetRunner:
         if type(unet).__name__ != "UNetModel" or "in_channels" not in config:
             return [], (f"graphs for {type(unet).__name__} are made from the first image, not ahead of time "
                         "(only SD-style UNets have example inputs here)")
-        dtype = base.manual_cast_dtype or base.get_dtype()
+        dtype = blocks.input_dtype(base)
         device = model.load_device
         shape_range = self.settings.unet_range()
         calls = []

@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence, Tuple
 
 import torch
 
+from ..structure import module_device, module_dtype
 from .tokens import Dims, Geometry
 
 
@@ -64,10 +65,17 @@ def _randn(shape, like: Tuple[torch.dtype, torch.device], generator: torch.Gener
 
 
 def model_dtype_device(model: torch.nn.Module) -> Tuple[torch.dtype, torch.device]:
-    for tensor in model.parameters():
-        if tensor.is_floating_point():
-            return tensor.dtype, tensor.device
-    return torch.get_default_dtype(), torch.device("cpu")
+    """The dtype a model's caller casts its inputs to, and the device its weights are on.
+
+    The model's own `dtype` where it has one (diffusers' ModelMixin, which
+    pipelines cast latents to; ComfyUI's diffusion models), not the first
+    parameter's: a bfloat16 Wan keeps `scale_shift_table` and its norms in
+    float32, and float32 example inputs would fail where the pipeline's do not.
+    """
+    declared = getattr(model, "dtype", None)
+    if not (isinstance(declared, torch.dtype) and declared.is_floating_point):
+        declared = module_dtype(model)
+    return declared, module_device(model)
 
 
 def generator_for(dims: Dims, seed: int = 0) -> torch.Generator:

@@ -233,8 +233,12 @@ def _init_rest(module: torch.nn.Module, seed: int) -> None:
                 covered.add(id(param))
 
 
-def build(name: str, seed: int = 0) -> TinyFamily:
-    """Build the tiny model of one family (float32, CPU) wrapped in a ModelPatcher, as load_diffusion_model does."""
+def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> TinyFamily:
+    """Build the tiny model of one family (CPU) wrapped in a ModelPatcher, as load_diffusion_model does.
+
+    `dtype` is the weights' dtype as ComfyUI's `--bf16-unet` / `--fp16-unet` set it (no manual cast):
+    the dtype real checkpoints run in, which a float32 test would not exercise.
+    """
     if name not in UNET_CONFIGS:
         raise ValueError("unknown family %r; known: %s" % (name, ", ".join(FAMILIES)))
     _comfy()
@@ -243,7 +247,7 @@ def build(name: str, seed: int = 0) -> TinyFamily:
     import comfy.supported_models
 
     model_config = getattr(comfy.supported_models, _SUPPORTED[name])(dict(UNET_CONFIGS[name]))
-    model_config.set_inference_dtype(torch.float32, None)
+    model_config.set_inference_dtype(dtype, None)
     model = model_config.get_model({})
     diffusion_model = model.diffusion_model
     _init(diffusion_model, seed)

@@ -1,6 +1,6 @@
 """One model family through the nodes in ComfyUI's own Python; run by test_comfyui_families.py.
 
-    python kf_families.py PACK_DIR BASE_DIR FAMILY first|restart
+    python kf_families.py PACK_DIR BASE_DIR FAMILY first|restart [float32|bfloat16|float16]
 
 `first` (an empty graphs folder): Model Speedup, then Save Graph before any
 image (block graphs compiled from the model's own layers), then a sweep of
@@ -28,7 +28,7 @@ SWEEP = [(128, 128, 1, 7, 5), (192, 128, 2, 20, 9), (128, 256, 1, 20, 9), (208, 
 RESTART_SWEEP = [(160, 160, 1, 11, 5), (128, 192, 2, 16, 9)]
 
 
-def main(pack: str, base: str, family_name: str, phase: str) -> dict:
+def main(pack: str, base: str, family_name: str, phase: str, dtype: str = "float32") -> dict:
     sys.path.insert(0, os.environ["COMFYUI_PATH"])
     import comfy.cli_args
 
@@ -43,8 +43,8 @@ def main(pack: str, base: str, family_name: str, phase: str) -> dict:
     from compiler.testing import comfy_families as F
 
     registry = runtime.registry()
-    family = F.build(family_name, seed=0 if phase == "first" else 5)
-    out = {"family": family_name, "phase": phase}
+    family = F.build(family_name, seed=0 if phase == "first" else 5, dtype=getattr(torch, dtype))
+    out = {"family": family_name, "phase": phase, "dtype": dtype}
 
     def counts() -> dict:
         return {k: registry.log.counts.get(k, 0) for k in ("compile", "load", "fallback", "refused")}
@@ -142,5 +142,5 @@ def main(pack: str, base: str, family_name: str, phase: str) -> dict:
 
 
 if __name__ == "__main__":
-    result = main(*sys.argv[1:5])
+    result = main(*sys.argv[1:6])
     print("KEEPFAST-RESULT " + json.dumps(result))

@@ -46,6 +46,18 @@ def build(name: str, seed: int = 0) -> torch.nn.Module:
     return getattr(diffusers, CLASSES[name])(**CONFIGS[name]).eval()
 
 
+def build_as_loaded(name: str, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
+    """The model as `from_pretrained(..., torch_dtype=dtype)` loads it: `dtype` weights, except the modules the
+    class keeps in float32 (Wan: its time embedder, norms and `scale_shift_table`, the first parameter)."""
+    model = build(name, seed).to(dtype)
+    keep = getattr(model, "_keep_in_fp32_modules", None) or []
+    with torch.no_grad():
+        for parameter_name, parameter in model.named_parameters():
+            if any(kept in parameter_name for kept in keep):
+                parameter.data = parameter.data.float()
+    return model
+
+
 def pipe_of(model: torch.nn.Module) -> SimpleNamespace:
     """What compile_pipe needs of a pipeline: its `transformer` attribute."""
     return SimpleNamespace(transformer=model)
