@@ -227,7 +227,7 @@ def _init_rest(module: torch.nn.Module, seed: int) -> None:
                 if id(param) in covered:
                     continue
                 if is_norm:
-                    param.fill_(1.0)
+                    param.copy_(torch.ones(param.shape))  # fill_ has no float8 kernel
                 else:
                     param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
                 covered.add(id(param))
@@ -237,7 +237,8 @@ def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> TinyF
     """Build the tiny model of one family (CPU) wrapped in a ModelPatcher, as load_diffusion_model does.
 
     `dtype` is the weights' dtype as ComfyUI's `--bf16-unet` / `--fp16-unet` set it (no manual cast):
-    the dtype real checkpoints run in, which a float32 test would not exercise.
+    the dtype real checkpoints run in, which a float32 test would not exercise. float8 weights
+    (`--fp8_e4m3fn-unet`, fp8 checkpoints) compute in bfloat16: ComfyUI's manual cast, per layer and call.
     """
     if name not in UNET_CONFIGS:
         raise ValueError("unknown family %r; known: %s" % (name, ", ".join(FAMILIES)))
@@ -247,7 +248,8 @@ def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> TinyF
     import comfy.supported_models
 
     model_config = getattr(comfy.supported_models, _SUPPORTED[name])(dict(UNET_CONFIGS[name]))
-    model_config.set_inference_dtype(dtype, None)
+    manual_cast = torch.bfloat16 if dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else None
+    model_config.set_inference_dtype(dtype, manual_cast)
     model = model_config.get_model({})
     diffusion_model = model.diffusion_model
     _init(diffusion_model, seed)

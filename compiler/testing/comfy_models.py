@@ -59,13 +59,25 @@ def _comfy():
     import comfy.ops  # noqa: F401
 
 
+_FLOAT8 = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, name))
+
+
 def _init(module: torch.nn.Module, seed: int) -> None:
-    """ComfyUI's ops skip weight init (torch.empty); run torch's own init per layer."""
+    """ComfyUI's ops skip weight init (torch.empty); run torch's own init per layer.
+
+    torch's init does not draw float8 numbers: such a layer is initialised in float32 and cast back.
+    """
     torch.manual_seed(seed)
     for sub in module.modules():
         for base in _INIT_TYPES:
             if isinstance(sub, base):
+                stored = {p.dtype for p in sub.parameters(recurse=False)}
+                float8 = next((d for d in stored if d in _FLOAT8), None)
+                if float8 is not None:
+                    sub.float()
                 base.reset_parameters(sub)
+                if float8 is not None:
+                    sub.to(float8)
                 break
 
 

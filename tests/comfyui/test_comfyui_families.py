@@ -2,7 +2,8 @@
 
 Each family is a tiny model built with ComfyUI's own classes
 (`compiler/testing/comfy_families.py`), in float32 and, for Flux, Wan and
-SD3, in the half-precision dtype checkpoints run in, sampled through
+SD3, in the dtypes checkpoints run in (bfloat16, float16, float8 weights
+computing in bfloat16), sampled through
 comfy.sample in ComfyUI's Python by kf_families.py: Save Graph before any image, a sweep of
 resolutions, batch sizes, prompt lengths and frame counts against the model
 without the node, LoRA patches at two strengths and off, one block whose
@@ -26,13 +27,14 @@ if not S.comfyui_available():
 pytestmark = pytest.mark.comfyui
 
 FAMILIES = ["flux", "chroma", "sd3", "auraflow", "wan", "qwen-image", "hunyuan-video", "ltxv", "lumina2", "hidream"]
-# The dtypes checkpoints run in (ComfyUI's --bf16-unet / --fp16-unet): one image, one video, one float16 family.
-HALF = [("flux", "bfloat16"), ("wan", "bfloat16"), ("sd3", "float16")]
-CASES = [(family, "float32") for family in FAMILIES] + HALF
+# The dtypes checkpoints run in (ComfyUI's --bf16-unet / --fp16-unet / --fp8_e4m3fn-unet): one image, one video
+# and one float16 family, and float8 weights that compute in bfloat16 (ComfyUI's manual cast).
+LOW_PRECISION = [("flux", "bfloat16"), ("wan", "bfloat16"), ("sd3", "float16"), ("flux", "float8_e4m3fn")]
+CASES = [(family, "float32") for family in FAMILIES] + LOW_PRECISION
 # Latent differences after two sampling steps, relative to the latent's scale (at least 1). float32: the same
-# maths reordered; half precision: what rounding the model's output to 8 (bfloat16) or 11 (float16) bits gives
+# maths reordered; otherwise what rounding the model's output to 8 (bfloat16) or 11 (float16) bits gives
 # (seen: 8e-3 and 8e-4).
-TOLERANCE = {"float32": 1e-3, "bfloat16": 2e-2, "float16": 5e-3}
+TOLERANCE = {"float32": 1e-3, "bfloat16": 2e-2, "float16": 5e-3, "float8_e4m3fn": 2e-2}
 
 
 def _run(base, family: str, phase: str, dtype: str) -> dict:
