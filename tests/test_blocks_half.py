@@ -49,6 +49,7 @@ def test_a_bfloat16_model_compiles_each_block_structure_and_serves_the_sweep(ser
     assert len(registry.compiles) == tt.STRUCTURES[name], engine.report()
     report = engine.report()
     assert report["blocks_compiled"] == report["blocks"] == tt.BLOCKS[name], report
+    assert all(structure["notes"] == [] for structure in report["structures"]), report  # sizes of 1 served
     compiles = len(registry.compiles)
     worst = 0.0
     with torch.no_grad():

@@ -333,7 +333,8 @@ class BlockServer:
         output = empty_to_none(graph.run(instance.module, flat))
         reference = instance.eager(args, kwargs)
         diff, scale = max_difference(output, reference)
-        half = self._dtype in (torch.float16, torch.bfloat16)
+        # Half precision if the weights or the inputs are: a bfloat16 Wan block's first weight is float32.
+        half = any(dtype in (torch.float16, torch.bfloat16) for dtype in (self._dtype, *self._dtypes))
         return diff, scale, (2e-2 if half else 1e-4) * max(1.0, scale)
 
     def _corner_notes(self, graph: CompiledGraph, call: FlatCall) -> List[str]:
