@@ -63,3 +63,24 @@ def test_a_bfloat16_model_compiles_each_block_structure_and_serves_the_sweep(ser
     assert len(registry.compiles) == compiles
     assert registry.fallbacks == [], [e.reason for e in registry.fallbacks]
     assert worst < RELATIVE_TOLERANCE
+
+
+def test_layerwise_casting_runs_the_blocks_eager_saying_what_to_do():
+    """Hooks that cast each layer's float8 weights during the call: no graph can bind those; said before export."""
+    models = [tt.build("flux", seed=3).to(torch.bfloat16) for _ in range(2)]
+    for model in models:
+        model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+    model, reference = models
+    pipe = tt.pipe_of(model)
+    registry = GraphRegistry()
+    compile_pipe(pipe, shape_range=tt.RANGE, registry=registry)
+    with torch.no_grad():
+        out = tt.call(model, tt.FIRST)
+        want = tt.call(reference, tt.FIRST)
+    assert torch.equal(out, want)
+    assert registry.compiles == []
+    reasons = [e.reason for e in registry.fallbacks]
+    assert len(reasons) == tt.STRUCTURES["flux"], reasons
+    assert all("enable_layerwise_casting" in r and "torch_dtype" in r for r in reasons), reasons
+    report = compiled_parts(pipe)["transformer"].report()
+    assert report["blocks_compiled"] == 0, report

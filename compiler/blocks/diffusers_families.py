@@ -25,7 +25,21 @@ from .family import BlockFamily, _randn, config_value, generator_for, model_dtyp
 from .tokens import Dims, Geometry
 
 
-class FluxFamily(BlockFamily):
+_LAYERWISE_CASTING = "layerwise_casting"  # diffusers' hook name (diffusers.hooks.layerwise_casting)
+
+
+class DiffusersFamily(BlockFamily):
+    def why_not_compiled(self, block: torch.nn.Module) -> Optional[str]:
+        for module in block.modules():
+            hooks = getattr(module, "_diffusers_hook", None)
+            if hooks is not None and getattr(hooks, "get_hook", lambda name: None)(_LAYERWISE_CASTING) is not None:
+                return ("diffusers' layerwise casting (enable_layerwise_casting) casts this block's weights inside "
+                        "each call, which a graph that binds the stored weights cannot do; to compile it, load the "
+                        "model in its compute dtype (torch_dtype=...) without layerwise casting")
+        return None
+
+
+class FluxFamily(DiffusersFamily):
     name = "flux"
     geometry = Geometry(patch=2)  # 2x2 latent pixels are packed into one token
     spatial_multiple = 2
@@ -53,7 +67,7 @@ class FluxFamily(BlockFamily):
         return (), kwargs
 
 
-class SD3Family(BlockFamily):
+class SD3Family(DiffusersFamily):
     name = "sd3"
     spatial_multiple = 2
     block_classes = ("JointTransformerBlock",)
@@ -75,7 +89,7 @@ class SD3Family(BlockFamily):
         }
 
 
-class WanFamily(BlockFamily):
+class WanFamily(DiffusersFamily):
     name = "wan"
     block_classes = ("WanTransformerBlock",)
 
@@ -102,7 +116,7 @@ class WanFamily(BlockFamily):
         return (), kwargs
 
 
-class QwenImageFamily(BlockFamily):
+class QwenImageFamily(DiffusersFamily):
     name = "qwen-image"
     geometry = Geometry(patch=2)
     spatial_multiple = 2

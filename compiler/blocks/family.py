@@ -34,6 +34,10 @@ class BlockFamily:
         """A call of the whole model at `dims`, built from its config (random inputs)."""
         raise NotImplementedError
 
+    def why_not_compiled(self, block: torch.nn.Module) -> Optional[str]:
+        """Why this block structure cannot be served by a graph, said before trying; None: try it."""
+        return None
+
     def block_inputs(self, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
         """A block call's inputs without bookkeeping a graph does not take (ComfyUI's
         `transformer_options`); the block's eager forward still gets the call as made."""

@@ -238,6 +238,10 @@ class BlockServer:
                 return None, str(error)
             if not backend.persistent or options.backend != "aot":
                 return None, f"block graphs are built with the aot backend, not {options.backend}"
+            refused = self.engine.family.why_not_compiled(self.group.modules[0])
+            if refused:
+                self.engine.compile_failures[family.id] = f"not compiled: {refused}"
+                return None, f"not compiled: {refused}"
             started = time.perf_counter()
             try:
                 graph, notes = self.engine.exporter(
