@@ -32,7 +32,7 @@ class DiffusersFamily(BlockFamily):
     def why_not_compiled(self, block: torch.nn.Module) -> Optional[str]:
         for module in block.modules():
             hooks = getattr(module, "_diffusers_hook", None)
-            if hooks is not None and getattr(hooks, "get_hook", lambda name: None)(_LAYERWISE_CASTING) is not None:
+            if hooks is not None and hooks.get_hook(_LAYERWISE_CASTING) is not None:
                 return ("diffusers' layerwise casting (enable_layerwise_casting) casts this block's weights inside "
                         "each call, which a graph that binds the stored weights cannot do; to compile it, load the "
                         "model in its compute dtype (torch_dtype=...) without layerwise casting")

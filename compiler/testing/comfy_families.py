@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, Tuple
 
 import torch
 
-from .comfy_models import _INIT_TYPES, _comfy, _init
+from .comfy_models import _FLOAT8, _INIT_TYPES, _comfy, _init
 
 FAMILIES: Tuple[str, ...] = (
     "flux", "chroma", "sd3", "auraflow", "wan", "qwen-image", "hunyuan-video", "ltxv", "lumina2", "hidream",
@@ -248,7 +248,7 @@ def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> TinyF
     import comfy.supported_models
 
     model_config = getattr(comfy.supported_models, _SUPPORTED[name])(dict(UNET_CONFIGS[name]))
-    manual_cast = torch.bfloat16 if dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else None
+    manual_cast = torch.bfloat16 if dtype in _FLOAT8 else None
     model_config.set_inference_dtype(dtype, manual_cast)
     model = model_config.get_model({})
     diffusion_model = model.diffusion_model
