@@ -4,6 +4,9 @@ Each call: bind it to canonical inputs (the forward's own binder), build its
 family key (one place: `expected_family`), take a graph from the registry,
 else from the graph library, else compile one (once per family and region,
 with progress and a stated reason), and run it with the module's own weights.
+The first time a graph serves a set of input shapes, the call also runs
+eagerly and the two are compared (`verify.py`, option `verify`): a graph that
+disagrees is retired for those shapes and eager's output is returned.
 
 `serve()` is the boundary (`boundary.py`, shared with the block server): whatever goes wrong inside --
 binding, keys, guard checks, loading, export, AOTInductor, weight binding, a
@@ -29,11 +32,12 @@ from .flat_module import ForwardFn
 from .keys import FamilyKey, GraphKey
 from .library import GraphLibrary
 from .probes import corner_targets, reshape_call
-from .registry import COMPILE, FALLBACK, PROGRESS, GraphRegistry, default_registry
+from .registry import COMPILE, FALLBACK, MISMATCH, PROGRESS, GraphRegistry, default_registry
 from .shapes import DEFAULT_RANGE, ShapeRange, leaf_bounds
 from .signature import FlatCall, RolePolicy, UnsupportedCall
 from .store import GraphRefused, GraphStore, StoreError
 from .structure import architecture_name, module_device, module_dtype, structure_hash
+from .verify import first_use, retired_reason
 
 log = logging.getLogger("keepfast")
 
@@ -52,6 +56,8 @@ class CompileOptions:
     counter: str = ""
     # The device calls run on when it is not the module's current one (ComfyUI offloads models between runs).
     device: Optional[str] = None
+    # The first-use check: a graph's first call with new input shapes is compared with eager (verify.py).
+    verify: bool = True
 
     def with_(self, **changes) -> "CompileOptions":
         return replace(self, **changes)
@@ -72,6 +78,10 @@ class Served:
 
     def describe(self) -> str:
         return f"eager: {self.reason}" if self.eager else f"{self.origin} graph"
+
+
+class _Retired(Exception):
+    """The graph that serves these inputs disagreed with eager for them: they run eager, unchecked."""
 
 
 class CompiledForward:
@@ -169,6 +179,8 @@ class CompiledForward:
                 graph, why = self.obtain(family, call, why)
                 if graph is not None:
                     served, why = self._run_existing(family, call)
+        except _Retired as retired:
+            return self._eager(family, str(retired), run_eager)
         except UnsupportedCall as error:
             return self._eager(family, str(error), run_eager)
         except CallDoesNotBind as error:
@@ -178,10 +190,31 @@ class CompiledForward:
             return self._eager(family, str(failure), run_eager)
         if served is None:
             return self._eager(family, why or "no graph", run_eager)
+        if self.options.verify:
+            served = self._checked(family, call, served, run_eager)
+            if served.eager:
+                return served
         self.graph_calls += 1
         self._count("graph")
         self.last = served
         return served
+
+    def _checked(self, family: FamilyKey, call: FlatCall, served: Served, run_eager: Callable[[], Any]) -> Served:
+        """The first-use check (verify.py); a graph that disagrees gives way to eager's output, recorded."""
+        output, disagreement = first_use(self.registry.verdicts, served.graph_id, tuple(call.shapes),
+                                         served.output, run_eager)
+        if disagreement is None:
+            return served
+        reason = retired_reason(served.graph_id, call.tensor_paths, call.shapes, disagreement)
+        self.registry.record(MISMATCH, family, f"{self.label}: {reason}", graph_id=served.graph_id,
+                             detail={"shapes": [list(shape) for shape in call.shapes],
+                                     "relative": disagreement.relative, "max_abs": disagreement.max_abs,
+                                     "nonfinite": disagreement.nonfinite})
+        log.error("%s: %s", self.label, reason)
+        self.eager_calls += 1
+        self._count("eager")
+        self.last = Served(output, reason=reason)
+        return self.last
 
     def _run_existing(self, family: FamilyKey, call: FlatCall) -> Tuple[Optional[Served], Optional[str]]:
         """Run the call on the first graph of the family that serves it: (served, why not)."""
@@ -191,6 +224,9 @@ class CompiledForward:
                 graph, reason = self.registry.find(family, call)
             if graph is None:
                 return None, why or reason
+            verdict = self.registry.verdicts.get(graph.key.id, tuple(call.shapes))
+            if verdict is not None and not verdict.ok:
+                raise _Retired(retired_reason(graph.key.id, call.tensor_paths, call.shapes, verdict))
             try:
                 with stage(f"running graph {graph.key.id}"):
                     output = graph.run(self.module, call)

@@ -4,18 +4,17 @@ The wrapped modules keep their class and attributes (pipelines read
 `unet.config`, `vae.dtype`, ...): only their `forward` is replaced, on the
 instance, by a CompiledForward. `save_pipe` needs no generated image: it
 builds example calls from the models' configs, compiles for the declared
-range and writes the graphs; when the VAE will be upcast to float32 at decode
-time (`force_upcast` with float16 weights) it saves float32 VAE graphs too,
-because dtype is part of the key.
+range and writes the graphs, in every dtype the pipeline will run each part
+in (`run_dtypes`: a float16 VAE decodes upcast to float32, a float32 VAE in a
+bfloat16 img2img pipeline decodes in bfloat16), because dtype is part of the key.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -91,11 +90,14 @@ def compile_pipe(
     autosave: bool = False,
     compile_on_miss: bool = True,
     registry: Optional[GraphRegistry] = None,
+    verify: bool = True,
 ):
     """Compile the pipeline's UNet or transformer(s) and VAE (decoder and encoder) in place; returns `pipe`.
 
     A `transformer` / `transformer_2` (Flux, SD3, Wan, Qwen-Image) is served
     block by block (`compiler.blocks`): one graph per distinct block structure.
+    `verify`: the first-use check (compiler/verify.py) compares each graph's
+    first call with new input shapes against eager; on by default.
     """
     ignores = set(ignores)
     unknown = ignores - set(TARGETS)
@@ -110,7 +112,7 @@ def compile_pipe(
         if target in BLOCK_TARGETS:
             engine = compile_blocks(module, BlockOptions(
                 backend=backend, shape_range=shape_range, store=store, autosave=autosave,
-                compile_on_miss=compile_on_miss, label=target), registry or default_registry())
+                compile_on_miss=compile_on_miss, label=target, verify=verify), registry or default_registry())
             if engine is None:
                 (registry or default_registry()).record(
                     FALLBACK, "-", f"{target}: {type(module).__name__} is not a transformer family KeepFast "
@@ -120,7 +122,7 @@ def compile_pipe(
             continue
         options = CompileOptions(
             backend=backend, shape_range=shape_range, store=store, autosave=autosave,
-            compile_on_miss=compile_on_miss, label=target,
+            compile_on_miss=compile_on_miss, label=target, verify=verify,
         )
         parts[target] = compile_module(module, options, registry or default_registry())
     setattr(pipe, _ATTRIBUTE, parts)
@@ -164,9 +166,27 @@ def example_calls(pipe, target: str, shape_range: ShapeRange, batch: int = 2,
     raise ValueError(f"unknown target {target!r}")
 
 
-def _vae_upcasts(pipe) -> bool:
+def run_dtypes(pipe, target: str, module: torch.nn.Module) -> List[torch.dtype]:
+    """The dtypes the pipeline will run `target` in, its own first: what save_pipe builds and load_pipe loads.
+
+    A denoiser runs in its own dtype. A VAE follows diffusers' pipelines:
+    latents reach the decoder in the denoiser's dtype (img2img casts the VAE
+    to it after encoding), except that a `force_upcast` VAE decodes float16
+    latents in float32; the encoder runs in float32 when `force_upcast` is
+    set, else in the pipeline's dtype.
+    """
+    own = module_dtype(module)
     vae = getattr(pipe, "vae", None)
-    return bool(vae is not None and vae.dtype == torch.float16 and getattr(vae.config, "force_upcast", False))
+    if not target.startswith("vae.") or vae is None:
+        return [own]
+    denoiser = _resolve(pipe, "unet") or _resolve(pipe, "transformer")
+    compute = module_dtype(denoiser) if denoiser is not None else own
+    upcast = bool(getattr(vae.config, "force_upcast", False))
+    if target == "vae.decoder":
+        runs = torch.float32 if upcast and torch.float16 in (own, compute) else compute
+    else:
+        runs = torch.float32 if upcast else compute
+    return list(dict.fromkeys([own, runs]))
 
 
 def save_pipe(
@@ -195,10 +215,7 @@ def save_pipe(
             report.saved += [f"{target}: {line}" for line in saved]
             report.problems += [f"{target}: {line}" for line in problems]
             continue
-        dtypes = [module_dtype(compiled.module)]
-        if target.startswith("vae.") and _vae_upcasts(pipe):
-            dtypes.append(torch.float32)
-        for dtype in dtypes:
+        for dtype in run_dtypes(pipe, target, compiled.module):
             report.saved += _save_target(pipe, target, compiled, store, dtype, report)
     return report
 
@@ -245,6 +262,7 @@ def load_pipe(
     shape_range: ShapeRange = DEFAULT_RANGE,
     ignores: Iterable[str] = (),
     registry: Optional[GraphRegistry] = None,
+    verify: bool = True,
 ) -> PipeReport:
     """Serve the pipeline from the graphs in `graphs_dir` (loaded now, verified and trusted)."""
     report = PipeReport()
@@ -253,7 +271,7 @@ def load_pipe(
         report.problems.append(f"graphs folder {folder} does not exist; "
                                + ("graphs will be compiled" if compile_on_miss else "running eager"))
     compile_pipe(pipe, backend=DEFAULT_BACKEND, shape_range=shape_range, ignores=ignores,
-                 graphs_dir=graphs_dir, compile_on_miss=compile_on_miss, registry=registry)
+                 graphs_dir=graphs_dir, compile_on_miss=compile_on_miss, registry=registry, verify=verify)
     stored_graphs = GraphStore(graphs_dir).graphs() if folder.is_dir() else []
     for target, compiled in compiled_parts(pipe).items():
         if isinstance(compiled, BlockEngine):
@@ -262,10 +280,8 @@ def load_pipe(
             report.problems += [f"{target}: {line}" for line in problems]
             continue
         library = compiled.library
-        # A float16 VAE that upcasts at decode time runs its float32 graphs then.
-        dtypes = {dtype_name(module_dtype(compiled.module))}
-        if target.startswith("vae.") and _vae_upcasts(pipe):
-            dtypes.add("float32")
+        # A VAE may run in other dtypes than its own (an upcast decode, img2img's cast to the pipeline's dtype).
+        dtypes = {dtype_name(dtype) for dtype in run_dtypes(pipe, target, compiled.module)}
         structure = compiled.structure()
         for stored in stored_graphs:
             family = stored.manifest.key.family

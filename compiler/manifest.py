@@ -23,7 +23,7 @@ from .backends.base import PackageInfo
 from .environment import machine
 from .keys import FamilyKey, GraphKey
 from .shapes import ShapeRange
-from .version import __version__
+from .version import FIRST_SIZE_SAFE_VERSION, __version__
 
 FORMAT = "keepfast-graph"
 FORMAT_VERSION = 2
@@ -129,6 +129,24 @@ class Manifest:
             raise ManifestError(f"cannot read {Path(path).name}: {error}") from error
         return cls.from_json(data)
 
+    @property
+    def is_block_graph(self) -> bool:
+        return bool(self.signature.get("block"))
+
+    def superseded(self) -> Optional[str]:
+        """Why this graph must not be used although it verifies, or None.
+
+        Whole-model aot graphs written before KeepFast 0.2.0 may have been
+        traced at a size of 1 and give wrong outputs for larger sizes; block
+        graphs were always traced at sizes of 2 or more.
+        """
+        if self.is_block_graph or self.key.family.backend != "aot":
+            return None
+        if _version_tuple(self.pack_version) >= FIRST_SIZE_SAFE_VERSION:
+            return None
+        return (f"written by KeepFast {self.pack_version or 'before 0.2'}, which could trace a graph at a size of 1 "
+                "that then serves larger sizes wrongly; it is not used (a new graph is built or loaded in its place)")
+
     def summary(self) -> Dict[str, Any]:
         family = self.key.family
         return {
@@ -147,3 +165,11 @@ class Manifest:
             "created": self.created,
             "origin": self.origin,
         }
+
+
+def _version_tuple(text: str) -> tuple:
+    parts = []
+    for part in text.split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts) if parts else (0,)

@@ -1,21 +1,89 @@
-"""Probe calls: example inputs at the corners of a declared range.
+"""Example calls made from a real call: what a graph is traced from, and the range's corners.
 
-Tracing can split a range into regions (on CPU, convolutions guard on
-"batch > 1"; diffusers guards on "batch < 64"). After the first compile we
-check, by the graph's guards alone, whether it also serves the corners of the
-declared range; a corner it does not serve is compiled now, while the user is
-already waiting, instead of in the middle of a later run.
+The trace example (`trace_example`): a graph is never traced from a dynamic
+size of 1. AOTInductor generates its code with the example's sizes as hints,
+and for a dynamic dimension whose example size is 1 it may leave that
+dimension out of an index: seen with torch 2.13 and 2.14 on CPU, a UNet
+traced at batch 1 read every batch element's GroupNorm and LayerNorm
+statistics from element 0's, so batch 2 latents came out 0.5-1.0 off, with
+no guard to say so. Traced at 2, the same graph computes every size of its
+range, 1 included. So each role (batch, sequence, frames...) whose dynamic
+sizes are all 1 in the call is traced at 2, its tensors repeated along that
+dimension (the values stay the caller's); a size of 1 that cannot move (its
+range ends at 1, or it sits beside larger sizes of its role: a broadcast) is
+pinned: the graph gets a guard that it serves 1 there and nothing else.
+
+Corner probes (`corner_targets`, `reshape_call`): tracing can split a range
+into regions (on CPU, convolutions guard on "batch > 1"; diffusers guards on
+"batch < 64"). After the first compile we check, by the graph's guards alone,
+whether it also serves the corners of the declared range; a corner it does
+not serve is compiled now, while the user is already waiting, instead of in
+the middle of a later run.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Iterator, List, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Sequence, Tuple
 
 import torch
 
-from .shapes import BATCH, SEQUENCE, SPATIAL, ShapeRange
+from .guards import size_ref
+from .shapes import BATCH, SEQUENCE, SPATIAL, LeafBounds, ShapeRange
 from .signature import FlatCall
+
+Place = Tuple[int, int]  # (tensor input, dim)
+
+
+@dataclass(frozen=True)
+class TraceExample:
+    """The call a graph is traced from, and where it differs from the real call."""
+
+    call: FlatCall
+    widened: Tuple[Place, ...] = ()  # dynamic sizes of 1 traced at 2
+    pinned: Tuple[Place, ...] = ()  # dynamic sizes of 1 left at 1: the graph serves 1 there only
+
+    def pin_guards(self) -> List[str]:
+        return [f"{size_ref(leaf, dim)} == 1" for leaf, dim in self.pinned]
+
+    def describe(self, paths: Sequence[str]) -> str:
+        return ", ".join(f"{paths[leaf]}.shape[{dim}]" for leaf, dim in self.widened + self.pinned)
+
+
+def trace_example(call: FlatCall, bounds: LeafBounds) -> TraceExample:
+    """`call` with every role whose dynamic sizes are all 1 moved to 2 (see the module docstring)."""
+    roles = [t.dims for t in call.signature.tensors]
+    shapes = call.shapes
+    sizes: Dict[str, set] = {}
+    for leaf, dims in enumerate(bounds):
+        for dim in dims:
+            sizes.setdefault(roles[leaf][dim], set()).add(shapes[leaf][dim])
+    movable = {role for role, seen in sizes.items() if seen == {1}}
+    widened: List[Place] = []
+    pinned: List[Place] = []
+    tensors: List[torch.Tensor] = []
+    for leaf, (tensor, dims) in enumerate(zip(call.tensors, bounds)):
+        for dim, (_low, high) in sorted(dims.items()):
+            if tensor.shape[dim] != 1:
+                continue
+            if roles[leaf][dim] in movable and high >= 2:
+                tensor = torch.cat([tensor, tensor], dim)
+                widened.append((leaf, dim))
+            else:
+                pinned.append((leaf, dim))
+        tensors.append(tensor)
+    if not widened:
+        return TraceExample(call, (), tuple(pinned))
+    args, kwargs = call.rebuild(tensors)
+    return TraceExample(FlatCall(args, kwargs, _same_roles(roles)), tuple(widened), tuple(pinned))
+
+
+def pinned_example(call: FlatCall, bounds: LeafBounds) -> TraceExample:
+    """`call` as it is, every dynamic size of 1 pinned (when tracing at 2 is not possible)."""
+    shapes = call.shapes
+    return TraceExample(call, (), tuple((leaf, dim) for leaf, dims in enumerate(bounds)
+                                        for dim in sorted(dims) if shapes[leaf][dim] == 1))
 
 MULTIPLE = 8  # probe latents at multiples of 8 (images at multiples of 64)
 

@@ -4,12 +4,15 @@
   the same structure (weights are bound per call, never baked in); bounded by
   count and bytes, least recently used first out.
 - `EventLog`: what happened and why -- compiles and loads (with their times),
-  refusals, fallbacks to eager (with their reasons), evictions, progress --
+  refusals, fallbacks to eager (with their reasons), graphs that disagreed
+  with eager (the first-use check, `verify.py`), evictions, progress --
   plus counters of calls served by a graph or run eagerly. Anyone who wants
   to show or count events (the ComfyUI nodes, the page, the stats route, a
   test) subscribes to it or reads it; nobody keeps a copy.
 
-`GraphRegistry` is the pair, shared by every compiled forward of a process.
+`GraphRegistry` is the pair, plus the first-use check's verdicts (which
+graph was compared with eager for which input shapes), shared by every
+compiled forward and block server of a process.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Callable, Dict, List, Optional
 from .backends.base import CompiledGraph
 from .keys import FamilyKey
 from .signature import FlatCall
+from .verify import Verdicts
 
 COMPILE = "compile"
 LOAD = "load"
@@ -31,6 +35,7 @@ EVICT = "evict"
 REFUSED = "refused"
 PROGRESS = "progress"
 NOTE = "note"
+MISMATCH = "mismatch"  # a graph disagreed with eager (a pack error: the call ran eager)
 
 
 @dataclass
@@ -192,6 +197,7 @@ class GraphRegistry:
     def __init__(self, max_graphs: int = 32, max_bytes: Optional[int] = None, history: int = 500):
         self.log = EventLog(history)
         self.cache = GraphCache(max_graphs, max_bytes, on_evict=self._evicted)
+        self.verdicts = Verdicts()
 
     def _evicted(self, graph: CompiledGraph) -> None:
         self.log.record(EVICT, graph.key.family, "registry full (least recently used)", graph_id=graph.key.id)
@@ -219,6 +225,10 @@ class GraphRegistry:
     @property
     def fallbacks(self) -> List[Event]:
         return self.log.of_kind(FALLBACK)
+
+    @property
+    def mismatches(self) -> List[Event]:
+        return self.log.of_kind(MISMATCH)
 
     def add_listener(self, listener: Listener) -> None:
         self.log.add_listener(listener)
@@ -258,6 +268,7 @@ class GraphRegistry:
 
     def clear(self) -> None:
         self.cache.clear()
+        self.verdicts.clear()
 
     def stats(self) -> dict:
         events = list(self.log.events)
@@ -273,6 +284,7 @@ class GraphRegistry:
             "compiles": [e.to_json() for e in events if e.kind == COMPILE],
             "loads": [e.to_json() for e in events if e.kind == LOAD],
             "fallbacks": [e.to_json() for e in events if e.kind == FALLBACK],
+            "mismatches": [e.to_json() for e in events if e.kind == MISMATCH],
             "refused": [e.to_json() for e in events if e.kind == REFUSED],
         }
 

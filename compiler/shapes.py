@@ -101,8 +101,11 @@ def default_roles(ndim: int) -> Dict[int, str]:
     return roles
 
 
+LeafBounds = List[Dict[int, Tuple[int, int]]]  # per tensor input: dim -> (low, high)
+
+
 def leaf_bounds(shapes: List[Tuple[int, ...]], roles: List[Tuple[Any, ...]],
-                shape_range: ShapeRange) -> List[Dict[int, Tuple[int, int]]]:
+                shape_range: ShapeRange) -> LeafBounds:
     """Per tensor input, the bounds of each dynamic dimension.
 
     Batch and sequence bounds are the declared ones. Spatial bounds are the

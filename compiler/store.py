@@ -161,8 +161,10 @@ class GraphStore:
             if have.structure != family.structure or have.signature != family.signature:
                 continue
             differences = have.differences(family)
-            if differences:
-                notes.append(f"{path.parent.name}/{manifest.graph_id} not used: " + "; ".join(differences))
+            superseded = manifest.superseded()
+            if differences or superseded:
+                notes.append(f"{path.parent.name}/{manifest.graph_id} not used: "
+                             + "; ".join(differences + ([superseded] if superseded else [])))
                 continue
             try:
                 failure = GuardSet(manifest.info.guards).first_failure(call.shapes)
@@ -194,6 +196,9 @@ class GraphStore:
             differences = manifest.key.family.differences(family)
             if differences:
                 raise GraphRefused(f"graph {stored.name} does not fit this run: " + "; ".join(differences))
+        superseded = manifest.superseded()
+        if superseded:
+            raise GraphRefused(f"graph {stored.name} was {superseded}")
         try:
             data = stored.package_path.read_bytes()
         except OSError as error:

@@ -29,6 +29,14 @@ def _range_inputs():
     ]
 
 
+def _verify_input():
+    # optional: API-format prompts written before this input existed leave it out (the default, on, serves them)
+    return io.Boolean.Input("verify", default=True, optional=True,
+                            tooltip="Check each graph the first time it serves a new size against the model run "
+                                    "uncompiled (one extra uncompiled step per new size); a graph that disagrees "
+                                    "is not used for that size, and the difference is shown.")
+
+
 def _backend_input():
     choices = runtime.backend_choices()
     # optional: API-format prompts written before this input existed leave it out (the default serves them)
@@ -45,10 +53,11 @@ def _validate_backend(backend: str) -> bool | str:
     return f"unknown backend {backend!r}; choose one of {', '.join(runtime.backend_choices())}"
 
 
-def _settings(min_resolution, max_resolution, max_batch_size, compile, backend, autosave=False) -> Settings:
+def _settings(min_resolution, max_resolution, max_batch_size, compile, backend, autosave=False,
+              verify=True) -> Settings:
     low, high = sorted((int(min_resolution), int(max_resolution)))
     return Settings(min_size=low, max_size=high, max_batch=int(max_batch_size), compile_on_miss=bool(compile),
-                    autosave=bool(autosave), backend=str(backend))
+                    autosave=bool(autosave), backend=str(backend), verify=bool(verify))
 
 
 def _ui(text: str) -> dict:
@@ -89,6 +98,7 @@ class KeepFastModelSpeedup(io.ComfyNode):
                              tooltip="Video models (Wan, HunyuanVideo, LTXV): most video frames the graphs "
                                      "serve; frames are their own axis, never height or width. Image models "
                                      "ignore it."),
+                _verify_input(),
             ],
             outputs=[io.Model.Output()],
         )
@@ -99,10 +109,11 @@ class KeepFastModelSpeedup(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, min_resolution, max_resolution, max_batch_size, compile, save_compiled,
-                backend=DEFAULT_BACKEND, max_frames=81) -> io.NodeOutput:
+                backend=DEFAULT_BACKEND, max_frames=81, verify=True) -> io.NodeOutput:
         runtime.setup()
         report = Report("KeepFast Model Speedup")
-        settings = _settings(min_resolution, max_resolution, max_batch_size, compile, backend, save_compiled)
+        settings = _settings(min_resolution, max_resolution, max_batch_size, compile, backend, save_compiled,
+                             verify)
         out, _ = operations.model_speedup(model, dataclasses.replace(settings, max_frames=int(max_frames)), report)
         return io.NodeOutput(out, ui=_ui(report.text()))
 
@@ -116,7 +127,7 @@ class KeepFastVAESpeedup(io.ComfyNode):
             category=CATEGORY,
             description="Serve VAE decode and encode (tiled decode included) from compiled graphs. The input "
                         "VAE is not changed.",
-            inputs=[io.Vae.Input("vae")] + _range_inputs() + [_backend_input()],
+            inputs=[io.Vae.Input("vae")] + _range_inputs() + [_backend_input(), _verify_input()],
             outputs=[io.Vae.Output()],
         )
 
@@ -126,11 +137,11 @@ class KeepFastVAESpeedup(io.ComfyNode):
 
     @classmethod
     def execute(cls, vae, min_resolution, max_resolution, max_batch_size, compile,
-                backend=DEFAULT_BACKEND) -> io.NodeOutput:
+                backend=DEFAULT_BACKEND, verify=True) -> io.NodeOutput:
         runtime.setup()
         report = Report("KeepFast VAE Speedup")
         out, _ = operations.vae_speedup(
-            vae, _settings(min_resolution, max_resolution, max_batch_size, compile, backend), report)
+            vae, _settings(min_resolution, max_resolution, max_batch_size, compile, backend, verify=verify), report)
         return io.NodeOutput(out, ui=_ui(report.text()))
 
 

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 
 from ..compiler import DEFAULT_BACKEND, GraphRegistry, TrustList, backend_names, default_registry, unavailable_reason
 from ..compiler.manifest import MANIFEST_SUFFIX
-from ..compiler.registry import COMPILE, EVICT, FALLBACK, LOAD, PROGRESS, REFUSED, Event
+from ..compiler.registry import COMPILE, EVICT, FALLBACK, LOAD, MISMATCH, PROGRESS, REFUSED, Event
 from ..compiler.store import MultiRootStore
 
 log = logging.getLogger("keepfast")
@@ -215,6 +215,7 @@ def stats() -> dict:
             "compiles": counts.get(COMPILE, 0),
             "loads": counts.get(LOAD, 0),
             "fallbacks": counts.get(FALLBACK, 0),
+            "mismatches": counts.get(MISMATCH, 0),
             "refused": counts.get(REFUSED, 0),
             "evicted": counts.get(EVICT, 0),
             "hits": summary["hits"],

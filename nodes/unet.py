@@ -56,6 +56,7 @@ class Settings:
     cover_range: bool = True
     backend: str = DEFAULT_BACKEND
     max_frames: int = 81  # video frames (video families turn them into latent frames)
+    verify: bool = True  # the first-use check: each graph's first call with new shapes compared with eager
 
     def unet_range(self):
         return latent_range(self.min_size, self.max_size, self.max_batch)
@@ -123,7 +124,7 @@ class UnetRunner:
         return CompileOptions(
             backend=s.backend, shape_range=s.unet_range(), compile_on_miss=s.compile_on_miss,
             store=runtime.store(), autosave=s.autosave, cover_range=s.cover_range, counter="unet",
-            device=str(self.load_device) if self.load_device is not None else None,
+            device=str(self.load_device) if self.load_device is not None else None, verify=s.verify,
         )
 
     def forward_for(self, module: torch.nn.Module) -> CompiledForward:
@@ -146,7 +147,7 @@ class UnetRunner:
                 backend=s.backend, shape_range=blocks.block_range(family, s.min_size, s.max_size, s.max_batch,
                                                                   s.max_frames),
                 store=runtime.store(), autosave=s.autosave, compile_on_miss=s.compile_on_miss,
-                label=_label(self.base_model, module),
+                label=_label(self.base_model, module), verify=s.verify,
             )
         return options
 

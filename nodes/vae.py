@@ -72,6 +72,7 @@ class VaeRunner:
             backend=s.backend, shape_range=self.shape_range(op), compile_on_miss=s.compile_on_miss,
             store=runtime.store(), autosave=s.autosave, cover_range=s.cover_range,
             label=f"VAE {op} ({architecture_name(self.module)})", counter="vae", device=str(self.device),
+            verify=s.verify,
         )
 
     def run(self, op: str, sample: torch.Tensor, **options):

@@ -49,6 +49,7 @@ const out = {
     m.badgeState({ kind: "fallback", reason: "VAE decode (TAESD): no stored graph serves this input; compiling is off; running eager" }),
     m.badgeState({ kind: "refused", reason: "Load Graph: graph a/b was not built on this machine" }),
     m.badgeState({ kind: "evict", reason: "registry full" }),
+    m.badgeState({ kind: "mismatch", reason: "UNetModel: graph g disagrees with eager for inputs x [2, 4, 8, 8] (relative difference 0.7)" }),
   ],
 };
 const changed = m.applyEvent(graph, { kind: "compile", seconds: 2, reason: "x", node: null }, "6");
@@ -77,7 +78,7 @@ def test_the_badge_goes_to_the_keepfast_node_behind_the_running_one(result):
 
 
 def test_events_become_badges(result):
-    progress, done, compiled, loaded, eager, refused, evicted = result["states"]
+    progress, done, compiled, loaded, eager, refused, evicted, mismatch = result["states"]
     assert progress["state"] == "compiling" and progress["fraction"] == 0.3 and progress["text"] == "compiling 30%"
     assert done is None  # the compile event, right after, says how it went
     assert compiled["state"] == "compiled" and compiled["text"] == "compiled (24.6 s)"
@@ -85,6 +86,8 @@ def test_events_become_badges(result):
     assert eager["state"] == "eager" and eager["text"] == "eager: no stored graph serves this input; compiling is off"
     assert refused["state"] == "refused" and refused["text"].startswith("refused: graph a/b was not built")
     assert evicted is None
+    assert mismatch["state"] == "mismatch"
+    assert mismatch["text"] == "pack error, ran eager: graph g disagrees with eager for inputs x [2, 4, 8, 8] (relative difference 0.7)"
 
 
 def test_an_event_without_a_node_uses_the_running_node(result):

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import tempfile
 import threading
 import weakref
 from pathlib import Path
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -35,10 +36,13 @@ from .. import extraction, machine_fit
 from ..flat_module import MODULE_PREFIX, FlatForward, dump_out_spec, load_out_spec, module_tensors
 from ..guards import GuardSet, GuardSyntaxError, readable
 from ..keys import GraphKey
+from ..probes import pinned_example, trace_example
 from ..shapes import leaf_bounds
 from ..signature import FlatCall
 from .base import Backend, CompileFailed, CompiledGraph, PackageInfo, Progress, no_progress
 from .export_guards import exported_shapes, guard_texts
+
+log = logging.getLogger("keepfast")
 
 MIN_TORCH = (2, 6)
 
@@ -98,6 +102,34 @@ def export_program(module, forward_fn, call: FlatCall, shape_range) -> tuple:
     except Exception as error:  # export failures are many and varied
         raise CompileFailed(f"torch.export failed: {type(error).__name__}: {_first_line(error)}") from error
     return ep, flat
+
+
+def trace(module, forward_fn, call: FlatCall, shape_range) -> tuple:
+    """(exported program, its FlatForward, its guards) for `call`, traced with no dynamic size of 1.
+
+    The example is `probes.trace_example(call)`: each size of 1 that can move
+    is traced at 2, and the graph must still serve `call` itself by its
+    guards. Where it does not, or the widened call does not export, the call
+    is traced as it is with its sizes of 1 pinned (the graph then serves 1
+    there only, which is what it computes right).
+    """
+    bounds = leaf_bounds(call.shapes, [t.dims for t in call.signature.tensors], shape_range)
+    example = trace_example(call, bounds)
+    if example.widened:
+        try:
+            ep, flat = export_program(module, forward_fn, example.call, shape_range)
+            guards = _guards_from(ep, example.call) + example.pin_guards()
+            failed = GuardSet(guards).first_failure(call.shapes)
+            if failed is None:
+                return ep, flat, guards
+            why = "its guard " + readable(failed, call.tensor_paths) + " rejects the call"
+        except CompileFailed as error:
+            why = str(error)
+        log.info("traced at 2 where %s is 1, the graph does not serve the call (%s); tracing it as it is, "
+                 "serving 1 there only", example.describe(call.tensor_paths), why)
+        example = pinned_example(call, bounds)
+    ep, flat = export_program(module, forward_fn, example.call, shape_range)
+    return ep, flat, _guards_from(ep, example.call) + example.pin_guards()
 
 
 class AotGraph(CompiledGraph):
@@ -259,8 +291,7 @@ class AotBackend(Backend):
     def compile(self, module, forward_fn, call: FlatCall, key: GraphKey,
                 progress: Progress = no_progress) -> AotGraph:
         progress("tracing with torch.export", 0.05)
-        ep, flat = export_program(module, forward_fn, call, key.shape_range)
-        guards = _guards_from(ep, call)
+        ep, flat, guards = trace(module, forward_fn, call, key.shape_range)
         if flat.out_spec is None:
             raise CompileFailed("the model's output structure was not seen while tracing")
         info = PackageInfo(

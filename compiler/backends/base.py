@@ -17,6 +17,7 @@ import torch
 
 from ..flat_module import ForwardFn
 from ..keys import GraphKey
+from ..shapes import LeafBounds
 from ..signature import FlatCall
 
 Progress = Callable[[str, float], None]  # (stage, fraction done)
@@ -146,9 +147,6 @@ class Backend(ABC):
     def load_bytes(self, package_bytes: bytes, key: GraphKey, info: PackageInfo) -> CompiledGraph:
         """Build a graph from package bytes the store has already verified."""
         raise BackendUnavailable(f"backend {self.name!r} cannot load graphs from disk")
-
-
-LeafBounds = List[Dict[int, tuple]]  # per tensor input: dim -> (low, high)
 
 
 def range_failure(shapes: Sequence[Sequence[int]], bounds: LeafBounds, paths: Sequence[str]) -> Optional[str]:

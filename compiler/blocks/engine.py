@@ -61,6 +61,8 @@ class BlockOptions:
     autosave: bool = False
     compile_on_miss: bool = True
     label: str = ""
+    # The first-use check: a graph's first call with new input shapes is compared with eager (compiler/verify.py).
+    verify: bool = True
 
     def with_(self, **changes) -> "BlockOptions":
         return replace(self, **changes)

@@ -158,19 +158,3 @@ def unit_guards(graph: AotGraph, bounds: Bounds) -> Dict[str, Tuple[int, int]]:
             if low <= 1 and text in graph.info.guards:
                 out[text] = (leaf, dim)
     return out
-
-
-def max_difference(output, reference) -> Tuple[float, float]:
-    """(largest absolute difference, largest absolute reference value) over an output tree."""
-    import torch.utils._pytree as pytree
-
-    got, want = pytree.tree_leaves(output), pytree.tree_leaves(reference)
-    if len(got) != len(want):
-        return float("inf"), 0.0
-    diff, scale = 0.0, 0.0
-    for a, b in zip(got, want):
-        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape:
-            return float("inf"), 0.0
-        diff = max(diff, float((a.float() - b.float()).abs().max()) if a.numel() else 0.0)
-        scale = max(scale, float(b.float().abs().max()) if b.numel() else 0.0)
-    return diff, scale

@@ -8,7 +8,10 @@ the graph's shape guards, cached per shape), bind the instance's weights and
 run; anything else runs the instance's own forward with the reason recorded
 once. Unexpected errors anywhere on that path are contained by the pack's one
 boundary (`compiler.boundary`), as for whole models. A graph that fails at
-run time is not used again in this process.
+run time is not used again in this process. The first time the graph serves
+a set of input shapes, the instance also runs eagerly and the two are
+compared (`compiler.verify`, as for whole models): a graph that disagrees is
+retired for those shapes.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from ..binding import CallBinder
 from ..boundary import Failure, contain, stage
 from ..environment import dtype_name
 from ..keys import FamilyKey, GraphKey
-from ..registry import COMPILE, FALLBACK, LOAD, REFUSED
+from ..registry import COMPILE, FALLBACK, LOAD, MISMATCH, REFUSED
 from ..signature import FlatCall, UnsupportedCall
 from ..store import GraphRefused, StoreError
+from ..verify import compare, first_use, retired_reason
 from . import tokens as T
 from .binding import InstanceWeights, SharedRunner
 from .finder import BlockGroup
@@ -301,7 +305,8 @@ class BlockServer:
 
         The probe call's inputs are cut down to size 1 along those roles (all of
         them at once, then each alone) and run both ways; values do not matter,
-        the same inputs go to both.
+        the same inputs go to both. Agreement is the first-use check's
+        (`compiler.verify.compare`, the output dtype's tolerance).
         """
         instance = self.instances[0]
         paths = call.tensor_paths
@@ -309,37 +314,29 @@ class BlockServer:
         probe = self.engine.probe_counts[0]
         variants = [at_one] + ([[role] for role in at_one] if len(at_one) > 1 else [])
         with torch.no_grad():
-            base = self._compare(candidate, instance, call, call.tensors)
-            if base is None:
-                return "the graph cannot be compared with eager at the probe size"
             for roles in variants:
                 counts = dict(probe)
                 counts.update({role: 1 for role in roles})
                 counts = T.role_values({k: counts[k] for k in (T.BATCH, T.TOKENS, T.SEQUENCE)})
                 shapes = T.shapes_at(call.shapes, paths, self.roles, counts)
                 tensors = [_cut(t, shape) for t, shape in zip(call.tensors, shapes)]
-                result = self._compare(candidate, instance, call, tensors)
                 where = ", ".join(f"{role} 1" for role in roles)
-                if result is None:
+                agreement = self._compare(candidate, instance, call, tensors)
+                if agreement is None:
                     return f"the graph does not take {where}"
-                diff, scale, tolerance = result
-                if diff > max(4 * base[0], tolerance):
-                    return f"at {where} the graph differs from eager by {diff:.3g} (at the probe size {base[0]:.3g})"
+                if not agreement.ok:
+                    return f"at {where} the graph differs from eager: {agreement.describe()}"
         return None
 
     def _compare(self, graph: CompiledGraph, instance: BlockInstance, call: FlatCall, tensors):
-        from .export import empty_to_none, max_difference
+        from .export import empty_to_none
 
         args, kwargs = call.rebuild([t.contiguous() for t in tensors])
         flat = FlatCall(args, kwargs, role_policy=lambda path, tensor: self.roles.get(path, {}))
         if graph.why_not(flat) is not None:
             return None
         output = empty_to_none(graph.run(instance.module, flat))
-        reference = instance.eager(args, kwargs)
-        diff, scale = max_difference(output, reference)
-        # Half precision if the weights or the inputs are: a bfloat16 Wan block's first weight is float32.
-        half = any(dtype in (torch.float16, torch.bfloat16) for dtype in (self._dtype, *self._dtypes))
-        return diff, scale, (2e-2 if half else 1e-4) * max(1.0, scale)
+        return compare(output, instance.eager(args, kwargs))
 
     def _corner_notes(self, graph: CompiledGraph, call: FlatCall) -> List[str]:
         """Range corners the graph's guards exclude (they will run eager), read without running it."""
@@ -423,11 +420,17 @@ class BlockServer:
         if not self.ready:
             return self._eager(instance, self.reason or "no graph", args, kwargs)
         try:
-            output, reason = self._from_graph(instance, args, kwargs)
+            output, reason, shapes = self._from_graph(instance, args, kwargs)
         except Exception as error:  # noqa: BLE001 - the boundary: never an exception of ours out of a call
             return self._eager(instance, str(contain(self.label, error, "serving the block")), args, kwargs)
         if reason is not None:
             return self._eager(instance, reason, args, kwargs)
+        if engine.options.verify:
+            output, disagreement = first_use(engine.registry.verdicts, self.graph.key.id, shapes, output,
+                                             lambda: instance.eager(args, kwargs))
+            if disagreement is not None:
+                self._retire(instance, shapes, disagreement)
+                return output
         instance.graph_calls += 1
         instance.last_status = f"{self.origin} graph"
         engine.registry.count_hit()
@@ -436,24 +439,39 @@ class BlockServer:
             self._recorded.clear()  # a reason that comes back is recorded again
         return output
 
-    def _from_graph(self, instance: BlockInstance, args: tuple, kwargs: dict) -> Tuple[Any, Optional[str]]:
-        """(the graph's output, None), or (None, why this call runs eager); unexpected errors name their stage."""
+    def _retire(self, instance: BlockInstance, shapes, disagreement) -> None:
+        """Record that the graph disagreed with eager at these shapes (the call returned eager's output)."""
+        reason = retired_reason(self.graph.key.id, self.call_template.tensor_paths, shapes[0], disagreement)
+        self.engine.registry.record(MISMATCH, self.family, f"{self.label} {instance.path}: {reason}",
+                                    graph_id=self.graph.key.id,
+                                    detail={"shapes": [list(shape) for shape in shapes[0]],
+                                            "relative": disagreement.relative, "max_abs": disagreement.max_abs,
+                                            "nonfinite": disagreement.nonfinite})
+        log.error("%s %s: %s", self.label, instance.path, reason)
+        instance.eager_calls += 1
+        self.engine.registry.log.count("blocks.eager")
+        instance.last_status = "eager: " + reason
+        self._recorded[reason] = 1  # the mismatch event says it; later calls do not repeat it as a fallback
+
+    def _from_graph(self, instance: BlockInstance, args: tuple, kwargs: dict) -> Tuple[Any, Optional[str], tuple]:
+        """(the graph's output, None, the call's shapes and dtypes), or (None, why this call runs eager, ...);
+        unexpected errors name their stage."""
         engine = self.engine
         with stage("checking the block's call"):
             if engine.block_filter is not None:
                 reason = engine.block_filter(instance, args, kwargs)
                 if reason:
-                    return None, reason
+                    return None, reason, ()
             try:
                 c_args, c_kwargs = self.normalise(args, kwargs)
             except TypeError as error:
-                return None, f"the call does not bind to the block's inputs: {error}"
+                return None, f"the call does not bind to the block's inputs: {error}", ()
             leaves, spec = pytree.tree_flatten((c_args, c_kwargs))
             if spec != self._spec or any(not _same_constant(leaves[i], v) for i, v in self._constants):
-                return None, self._structure_difference(c_args, c_kwargs)
+                return None, self._structure_difference(c_args, c_kwargs), ()
             tensors = [leaves[i] for i in self._positions]
             if not all(isinstance(t, torch.Tensor) for t in tensors):
-                return None, "an input that was a tensor when prepared is not one now"
+                return None, "an input that was a tensor when prepared is not one now", ()
         shapes = tuple(tuple(t.shape) for t in tensors)
         cache_key = (shapes, tuple(t.dtype for t in tensors))
         why = self._shape_cache.get(cache_key, _MISSING)
@@ -466,15 +484,18 @@ class BlockServer:
                 self._shape_cache.clear()
             self._shape_cache[cache_key] = why
         if why:
-            return None, why
+            return None, why, cache_key
+        verdict = engine.registry.verdicts.get(self.graph.key.id, cache_key)
+        if verdict is not None and not verdict.ok:
+            return None, retired_reason(self.graph.key.id, self.call_template.tensor_paths, shapes, verdict), cache_key
         with stage("binding the block's weights"):
             weights, reason = self._weights_for(instance)
         if reason:
-            return None, reason
+            return None, reason, cache_key
         running = f"running graph {self.graph.key.id}"
         try:
             with stage(running):
-                return self.runner.run(weights, tensors, self.call_template.rebuild), None
+                return self.runner.run(weights, tensors, self.call_template.rebuild), None, cache_key
         except Failure as failure:  # a graph that breaks at run time is not used again in this process
             self.reason = str(failure)
             raise

@@ -1,6 +1,7 @@
-// Badges on KeepFast nodes: compiling (with progress), compiled, loaded from disk, or eager with the reason.
+// Badges on KeepFast nodes: compiling (with progress), compiled, loaded from disk, eager with the reason, or
+// a graph that disagreed with the model run uncompiled (a pack error: the first-use check ran eager instead).
 //
-// The server sends each compile, load, fallback and refusal as a "keepfast.event" with the id of the node
+// The server sends each compile, load, fallback, refusal and mismatch as a "keepfast.event" with the id of the node
 // ComfyUI was running (a KSampler compiles the UNet, a VAE Decode the VAE). The badge belongs to the KeepFast
 // node that made that model, so we walk up the running node's MODEL, VAE and GUIDER inputs to it.
 // No imports: ComfyUI loads every .js file of the pack as an extension, so this one only defines things.
@@ -16,6 +17,7 @@ const STYLE = {
   loaded: { bg: "#1565c0", fg: "#fff" },
   eager: { bg: "#b23c17", fg: "#fff" },
   refused: { bg: "#8e1b1b", fg: "#fff" },
+  mismatch: { bg: "#d50000", fg: "#fff" },
 };
 
 /** The KeepFast nodes behind `nodeId`: itself if it is one, else those its model/VAE inputs come from. */
@@ -57,6 +59,8 @@ export function badgeState(event) {
       return { state: "eager", text: `eager: ${shortReason(reason)}`, reason };
     case "refused":
       return { state: "refused", text: `refused: ${shortReason(reason)}`, reason };
+    case "mismatch":
+      return { state: "mismatch", text: `pack error, ran eager: ${shortReason(reason)}`, reason };
     default:
       return null;
   }
