@@ -37,7 +37,7 @@ from .shapes import DEFAULT_RANGE, ShapeRange, leaf_bounds
 from .signature import FlatCall, RolePolicy, UnsupportedCall
 from .store import GraphRefused, GraphStore, StoreError
 from .structure import architecture_name, module_device, module_dtype, structure_hash
-from .verify import first_use, retired_reason
+from .verify import Snapshot, judge, retired_reason, snapshot
 
 log = logging.getLogger("keepfast")
 
@@ -154,14 +154,18 @@ class CompiledForward:
     def __call__(self, *args, **kwargs) -> Any:
         return self.serve(args, kwargs).output
 
-    def serve(self, args: tuple, kwargs: dict, eager: Optional[Callable[[], Any]] = None,
+    def serve(self, args: tuple, kwargs: dict, eager: Optional[Callable[..., Any]] = None,
               eager_reason: Optional[str] = None) -> Served:
-        """Serve one call from a graph, or run `eager()` (default: the module's forward) and say why.
+        """Serve one call from a graph, or run it eagerly and say why.
 
+        `eager(*args, **kwargs)` is what runs when no graph can (default: the
+        module's forward; ComfyUI's nodes pass the wrapper chain), and what the
+        first-use check compares a graph with, on copies of the arguments.
         `eager_reason`: the caller already knows the call must run eagerly
         (a partly loaded model, an option a graph cannot take).
         """
-        run_eager = eager or (lambda: self.forward_fn(self.module, *args, **kwargs))
+        eager = eager or self.eager
+        run_eager = lambda: eager(*args, **kwargs)  # noqa: E731
         family: Optional[FamilyKey] = None
         if eager_reason is not None:
             return self._eager(None, eager_reason, run_eager)
@@ -174,11 +178,11 @@ class CompiledForward:
                 return self._eager(None, side_reason, run_eager)
             with stage("building the graph key"):
                 family = self.family_for(call)
-            served, why = self._run_existing(family, call)
+            served, why, copies = self._run_existing(family, call, args, kwargs)
             if served is None:
                 graph, why = self.obtain(family, call, why)
                 if graph is not None:
-                    served, why = self._run_existing(family, call)
+                    served, why, copies = self._run_existing(family, call, args, kwargs)
         except _Retired as retired:
             return self._eager(family, str(retired), run_eager)
         except UnsupportedCall as error:
@@ -190,8 +194,8 @@ class CompiledForward:
             return self._eager(family, str(failure), run_eager)
         if served is None:
             return self._eager(family, why or "no graph", run_eager)
-        if self.options.verify:
-            served = self._checked(family, call, served, run_eager)
+        if copies is not None:
+            served = self._checked(family, call, served, copies, eager)
             if served.eager:
                 return served
         self.graph_calls += 1
@@ -199,13 +203,22 @@ class CompiledForward:
         self.last = served
         return served
 
-    def _checked(self, family: FamilyKey, call: FlatCall, served: Served, run_eager: Callable[[], Any]) -> Served:
-        """The first-use check (verify.py); a graph that disagrees gives way to eager's output, recorded."""
-        output, disagreement = first_use(self.registry.verdicts, served.graph_id, tuple(call.shapes),
-                                         served.output, run_eager)
+    def _checked(self, family: FamilyKey, call: FlatCall, served: Served, copies: Snapshot,
+                 eager: Callable[..., Any]) -> Served:
+        """The first-use check (verify.py): eager on the copies taken before the graph ran, compared.
+
+        A graph that disagrees gives way to eager's output (and eager's state of
+        inputs the model updates in place), and the difference is recorded.
+        """
+        reference = eager(*copies.args, **copies.kwargs)  # the model's own errors reach the caller
+        disagreement = judge(self.registry.verdicts, served.graph_id, tuple(call.shapes), served.output, reference)
         if disagreement is None:
             return served
         reason = retired_reason(served.graph_id, call.tensor_paths, call.shapes, disagreement)
+        try:
+            copies.restore()
+        except Exception as error:  # noqa: BLE001 - the output is eager's either way
+            reason += f" (its in-place updates of the inputs could not be undone: {error})"
         self.registry.record(MISMATCH, family, f"{self.label}: {reason}", graph_id=served.graph_id,
                              detail={"shapes": [list(shape) for shape in call.shapes],
                                      "relative": disagreement.relative, "max_abs": disagreement.max_abs,
@@ -213,20 +226,27 @@ class CompiledForward:
         log.error("%s: %s", self.label, reason)
         self.eager_calls += 1
         self._count("eager")
-        self.last = Served(output, reason=reason)
+        self.last = Served(reference, reason=reason)
         return self.last
 
-    def _run_existing(self, family: FamilyKey, call: FlatCall) -> Tuple[Optional[Served], Optional[str]]:
-        """Run the call on the first graph of the family that serves it: (served, why not)."""
+    def _run_existing(self, family: FamilyKey, call: FlatCall, args: tuple,
+                      kwargs: dict) -> Tuple[Optional[Served], Optional[str], Optional[Snapshot]]:
+        """Run the call on the first graph of the family that serves it: (served, why not, copies).
+
+        `copies`: the inputs as they were before the graph ran, when the
+        first-use check is due for this graph and these shapes (else None).
+        """
         why = None
+        shapes = tuple(call.shapes)
         for _ in range(len(self.registry.family_graphs(family)) + 1):
             with stage("checking the graphs' shape guards"):
                 graph, reason = self.registry.find(family, call)
             if graph is None:
-                return None, why or reason
-            verdict = self.registry.verdicts.get(graph.key.id, tuple(call.shapes))
+                return None, why or reason, None
+            verdict = self.registry.verdicts.get(graph.key.id, shapes)
             if verdict is not None and not verdict.ok:
                 raise _Retired(retired_reason(graph.key.id, call.tensor_paths, call.shapes, verdict))
+            copies = snapshot(args, kwargs) if self.options.verify and verdict is None else None
             try:
                 with stage(f"running graph {graph.key.id}"):
                     output = graph.run(self.module, call)
@@ -234,9 +254,9 @@ class CompiledForward:
                 why = str(mismatch)
                 continue
             except CannotServe as cannot:  # expected by the backend: eager, with its reason
-                return None, f"graph {graph.key.id} cannot serve this call: {cannot}"
-            return Served(output, graph.key.id, graph.origin), None
-        return None, why
+                return None, f"graph {graph.key.id} cannot serve this call: {cannot}", None
+            return Served(output, graph.key.id, graph.origin), None, copies
+        return None, why, None
 
     def _eager(self, family: Optional[FamilyKey], reason: str, run_eager: Callable[[], Any]) -> Served:
         self.eager_calls += 1

@@ -1,7 +1,8 @@
 """The first-use check: a graph's output proven against the model's own before it is trusted.
 
-The first time a graph serves a new set of input shapes, the pack runs the
-same call eagerly too and compares (`compare`). Within the tolerance of the
+The first time a graph serves a new set of input shapes (no verdict yet for
+them), the pack copies the call's inputs (`snapshot`), runs the graph, runs
+the same call eagerly on the copies and compares (`judge`, `compare`). Within the tolerance of the
 output's dtype the graph serves those shapes from then on, unchecked; beyond
 it, or with a NaN or Inf where eager has a finite value, the graph is retired
 for those shapes: the call returns eager's output, the difference is recorded
@@ -22,7 +23,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Tuple
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -132,6 +133,10 @@ class Verdicts:
                     del self._verdicts[key]
             self._verdicts[(graph_id, shapes)] = agreement
 
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._verdicts)
+
     def retired(self) -> Dict[Tuple[str, Hashable], Agreement]:
         with self._lock:
             return {key: value for key, value in self._verdicts.items() if not value.ok}
@@ -141,25 +146,51 @@ class Verdicts:
             self._verdicts.clear()
 
 
-def first_use(verdicts: Verdicts, graph_id: str, shapes: Hashable, output: Any,
-              run_eager: Callable[[], Any]) -> Tuple[Any, Optional[Agreement]]:
-    """(what the call returns, the disagreement when the graph was retired by this call).
+@dataclass
+class Snapshot:
+    """Copies of a call's arguments, and which tensor each copy was made from."""
 
-    Unchecked shapes: eager runs too (its own exceptions reach the caller, as
-    without the pack) and the verdict is kept; checked ones cost nothing.
+    args: tuple
+    kwargs: dict
+    pairs: List[Tuple[torch.Tensor, torch.Tensor]]
+
+    def restore(self) -> None:
+        """Give the caller's tensors the state eager left in the copies (a retired graph's in-place updates
+        undone). Paired when copied: eager may have changed the containers since (ComfyUI's UNet pops
+        ControlNet residuals from their lists)."""
+        for original, copy in self.pairs:
+            original.copy_(copy)
+
+
+def snapshot(args: tuple, kwargs: dict) -> Snapshot:
+    """Copies of the call's tensors (and containers), taken before the graph runs.
+
+    Eager runs on these, not on the caller's tensors: a model may update its
+    inputs in place (ComfyUI's Flux blocks: `img += ...`), torch.export keeps
+    such updates, so the graph has applied them already and its output may be
+    that very tensor. Eager on the originals would start from the graph's
+    result and overwrite the output it is compared with.
     """
-    if verdicts.get(graph_id, shapes) is not None:
-        return output, None
-    reference = run_eager()
+    pairs: List[Tuple[torch.Tensor, torch.Tensor]] = []
+
+    def copied(tensor: torch.Tensor) -> torch.Tensor:
+        copy = tensor.clone()
+        pairs.append((tensor, copy))
+        return copy
+
+    args_copy, kwargs_copy = pytree.tree_map_only(torch.Tensor, copied, (args, kwargs))
+    return Snapshot(args_copy, kwargs_copy, pairs)
+
+
+def judge(verdicts: Verdicts, graph_id: str, shapes: Hashable, output: Any, reference: Any) -> Optional[Agreement]:
+    """Compare a graph's output with eager's on the same inputs and keep the verdict; the disagreement, or None."""
     try:
         agreement = compare(output, reference)
     except Exception as error:  # noqa: BLE001 - an output the pack cannot compare is not trusted
         agreement = Agreement(math.inf, 0.0, math.inf,
                               problem=f"the outputs could not be compared ({type(error).__name__}: {error})")
     verdicts.put(graph_id, shapes, agreement)
-    if agreement.ok:
-        return output, None
-    return reference, agreement
+    return None if agreement.ok else agreement
 
 
 def retired_reason(graph_id: str, paths: Sequence[str], shapes: Sequence[Sequence[int]], agreement: Agreement) -> str:

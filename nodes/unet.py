@@ -206,8 +206,7 @@ class UnetRunner:
 
     def run(self, module, original, args: tuple, kwargs: dict):
         """Serve one diffusion model call; ComfyUI's own call is what runs when no graph can."""
-        served = self.forward_for(module).serve(args, kwargs, eager=lambda: original(*args, **kwargs),
-                                                eager_reason=self._eager_reason())
+        served = self.forward_for(module).serve(args, kwargs, eager=original, eager_reason=self._eager_reason())
         return served.output
 
     def _eager_reason(self) -> Optional[str]:

@@ -83,7 +83,7 @@ class VaeRunner:
             reason = f"{op} was called with options {sorted(options)}"
         elif not isinstance(sample, torch.Tensor):
             reason = f"{op} was called with a {type(sample).__name__}"
-        served = self.forwards[op].serve((op, sample), {}, eager=lambda: method(sample, **options),
+        served = self.forwards[op].serve((op, sample), {}, eager=lambda _op, latent: method(latent, **options),
                                          eager_reason=reason)
         return served.output
 

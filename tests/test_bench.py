@@ -33,7 +33,9 @@ def _jobs(model="sd15"):
         {**common, "variant": "ours_aot_cold", "first_call_s": 200.0, "first_call_compiles": 2, "sweep_compiles": 0,
          "graphs_saved": 2, "graphs_saved_mb": 8.0, "fallbacks": 0},
         {**common, "variant": "ours_aot_load", "first_call_s": 5.0, "first_call_compiles": 0, "first_call_loads": 1,
-         "sweep_compiles": 0, "steady": _steady(shapes, 2.0, 1.0), "fallbacks": 0, "process_to_first_result_s": 12.0},
+         "sweep_compiles": 0, "steady": _steady(shapes, 2.0, 1.0), "fallbacks": 0, "process_to_first_result_s": 12.0,
+         "first_use_check": {"checks": 2, "mismatches": 0, "extra_s": 0.08, "sweep_s": 0.2, "held_mb_max": 0.5,
+                             "rows": []}},
     ]
 
 
@@ -147,3 +149,11 @@ def test_comfyui_part_runs_comfyuis_default_attention_and_reads_which_it_used(tm
     assert picked_attention("Using split optimization for attention\n") == "split"
     assert picked_attention("Using pytorch attention\n") == "pytorch"
     assert picked_attention("Device: cpu\n") is None
+
+
+def test_the_first_use_check_cost_is_reported_next_to_the_sweep():
+    summary = report.summarise(_jobs(), META)
+    cost = summary["models"]["sd15"]["first_use_check"]["ours_aot_load"]
+    assert cost == {"checks": 2, "mismatches": 0, "extra_s": 0.08, "share_of_sweep": 0.4, "held_mb_max": 0.5}
+    text = report.markdown(summary)
+    assert "The first-use check" in text and "| 2 | 0 | 0.08 | 0.400 | 0.50 |" in text

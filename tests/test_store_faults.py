@@ -115,3 +115,25 @@ def test_a_full_disk_leaves_the_store_as_it_was(saved_pipe, test_range, monkeypa
             store.save(graph, {})
         leftovers = [p for p in folder.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
         assert leftovers == []
+
+
+def test_a_whole_model_graph_written_by_keepfast_0_1_is_not_used_and_says_why(graphs_copy, test_range):
+    """0.1.0 could trace a graph at batch 1 that served larger batches wrong; such graphs cannot be told
+    apart, so none is used: the call runs eager (compiling is off here) with the reason."""
+    import json
+
+    manifests, _ = _unet_files(graphs_copy)
+    for path in manifests:
+        data = json.loads(path.read_text())
+        data["pack_version"] = "0.1.0"
+        path.write_text(json.dumps(data))
+    registry, out, ref = _serve_from(graphs_copy, test_range)
+    assert registry.loads == []
+    assert "written by KeepFast 0.1.0" in _refusals(registry) and "serves larger sizes wrongly" in _refusals(registry)
+    assert torch.equal(out, ref)  # eager
+    stored = GraphStore(graphs_copy)
+    from compiler.store import GraphRefused
+
+    unet_graph = next(g for g in stored.graphs() if g.manifest.key.family.architecture == "UNet2DConditionModel")
+    with pytest.raises(GraphRefused, match="written by KeepFast 0.1.0"):
+        stored.load(unet_graph)

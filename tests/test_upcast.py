@@ -1,7 +1,20 @@
-"""A float16 VAE that runs upcast to float32 loads its float32 graph: no dtype crash."""
+"""A VAE runs in the dtypes its pipeline gives it, and save_pipe builds those: no dtype crash, no compile
+after a restart.
+
+- A float16 VAE that runs upcast to float32 loads its float32 graph.
+- A float32 VAE in a bfloat16 or float16 img2img pipeline: diffusers encodes upcast (float32), then casts
+  the VAE to the pipeline's dtype and decodes in it (bfloat16), or upcasts again (float16 with
+  force_upcast). save_pipe before any image builds those; a restart loads them and compiles nothing.
+"""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 
 from compiler import GraphRegistry, ShapeRange, load_pipe, save_pipe
@@ -38,3 +51,31 @@ def test_save_writes_both_dtypes_and_an_upcast_vae_loads_its_graph(tmp_path):
             assert float((out - ref).abs().max()) < 1e-4
     assert registry.compiles == [] and registry.fallbacks == []
     assert decoder.graph_calls == 2
+
+
+ROOT = Path(__file__).resolve().parent.parent
+HALF_TOLERANCE = {"bfloat16": 3e-2, "float16": 5e-3}  # images in [0, 1], rounded to 8 or 11 bits
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_float32_vae_in_a_half_precision_img2img_pipeline_restarts_with_zero_compiles(tmp_path, dtype):
+    from tests.support import api_sequence
+
+    kind = f"img2img_{dtype}"
+    graphs = tmp_path / "graphs"
+    pipe = api_sequence.build(kind, seed=0)
+    assert pipe.vae.dtype == torch.float32 and pipe.unet.dtype == getattr(torch, dtype)
+    report = save_pipe(pipe, graphs, shape_range=api_sequence.RANGE, ignores=api_sequence.IGNORES[kind],
+                       registry=GraphRegistry())
+    assert report.problems == [], report
+    saved = sorted({line.split(" -> ")[0] for line in report.saved})  # range corners may add a graph
+    decoder_dtypes = ["float32", "bfloat16"] if dtype == "bfloat16" else ["float32"]  # float16 decodes upcast
+    assert saved == sorted([f"vae.decoder ({d})" for d in decoder_dtypes] + ["vae.encoder (float32)"]), saved
+
+    result = subprocess.run([sys.executable, "-m", "tests.support.api_sequence", str(graphs), "load_alone", kind],
+                            cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    restarted = json.loads(result.stdout.strip().splitlines()[-1])
+    assert restarted["compiles"] == [] and restarted["fallbacks"] == [], restarted
+    assert restarted["graph_calls"]["vae.decoder"] > 0 and restarted["graph_calls"]["vae.encoder"] > 0, restarted
+    assert restarted["max_diff"] < HALF_TOLERANCE[dtype], restarted

@@ -33,7 +33,7 @@ from ..keys import FamilyKey, GraphKey
 from ..registry import COMPILE, FALLBACK, LOAD, MISMATCH, REFUSED
 from ..signature import FlatCall, UnsupportedCall
 from ..store import GraphRefused, StoreError
-from ..verify import compare, first_use, retired_reason
+from ..verify import Snapshot, compare, judge, retired_reason, snapshot
 from . import tokens as T
 from .binding import InstanceWeights, SharedRunner
 from .finder import BlockGroup
@@ -420,17 +420,17 @@ class BlockServer:
         if not self.ready:
             return self._eager(instance, self.reason or "no graph", args, kwargs)
         try:
-            output, reason, shapes = self._from_graph(instance, args, kwargs)
+            output, reason, shapes, copies = self._from_graph(instance, args, kwargs)
         except Exception as error:  # noqa: BLE001 - the boundary: never an exception of ours out of a call
             return self._eager(instance, str(contain(self.label, error, "serving the block")), args, kwargs)
         if reason is not None:
             return self._eager(instance, reason, args, kwargs)
-        if engine.options.verify:
-            output, disagreement = first_use(engine.registry.verdicts, self.graph.key.id, shapes, output,
-                                             lambda: instance.eager(args, kwargs))
+        if copies is not None:  # the first-use check: eager on the inputs as they were before the graph ran
+            reference = instance.eager(copies.args, copies.kwargs)
+            disagreement = judge(engine.registry.verdicts, self.graph.key.id, shapes, output, reference)
             if disagreement is not None:
-                self._retire(instance, shapes, disagreement)
-                return output
+                self._retire(instance, shapes, disagreement, copies)
+                return reference
         instance.graph_calls += 1
         instance.last_status = f"{self.origin} graph"
         engine.registry.count_hit()
@@ -439,9 +439,14 @@ class BlockServer:
             self._recorded.clear()  # a reason that comes back is recorded again
         return output
 
-    def _retire(self, instance: BlockInstance, shapes, disagreement) -> None:
-        """Record that the graph disagreed with eager at these shapes (the call returned eager's output)."""
+    def _retire(self, instance: BlockInstance, shapes, disagreement, copies) -> None:
+        """Record that the graph disagreed with eager at these shapes (the call returns eager's output, and its
+        inputs get eager's in-place updates)."""
         reason = retired_reason(self.graph.key.id, self.call_template.tensor_paths, shapes[0], disagreement)
+        try:
+            copies.restore()
+        except Exception as error:  # noqa: BLE001 - the output is eager's either way
+            reason += f" (its in-place updates of the inputs could not be undone: {error})"
         self.engine.registry.record(MISMATCH, self.family, f"{self.label} {instance.path}: {reason}",
                                     graph_id=self.graph.key.id,
                                     detail={"shapes": [list(shape) for shape in shapes[0]],
@@ -453,25 +458,27 @@ class BlockServer:
         instance.last_status = "eager: " + reason
         self._recorded[reason] = 1  # the mismatch event says it; later calls do not repeat it as a fallback
 
-    def _from_graph(self, instance: BlockInstance, args: tuple, kwargs: dict) -> Tuple[Any, Optional[str], tuple]:
-        """(the graph's output, None, the call's shapes and dtypes), or (None, why this call runs eager, ...);
-        unexpected errors name their stage."""
+    def _from_graph(self, instance: BlockInstance, args: tuple,
+                    kwargs: dict) -> Tuple[Any, Optional[str], tuple, Optional[Snapshot]]:
+        """(the graph's output, None, the call's shapes and dtypes, copies of (args, kwargs) taken before the
+        graph ran when the first-use check is due), or (None, why this call runs eager, ...); unexpected
+        errors name their stage."""
         engine = self.engine
         with stage("checking the block's call"):
             if engine.block_filter is not None:
                 reason = engine.block_filter(instance, args, kwargs)
                 if reason:
-                    return None, reason, ()
+                    return None, reason, (), None
             try:
                 c_args, c_kwargs = self.normalise(args, kwargs)
             except TypeError as error:
-                return None, f"the call does not bind to the block's inputs: {error}", ()
+                return None, f"the call does not bind to the block's inputs: {error}", (), None
             leaves, spec = pytree.tree_flatten((c_args, c_kwargs))
             if spec != self._spec or any(not _same_constant(leaves[i], v) for i, v in self._constants):
-                return None, self._structure_difference(c_args, c_kwargs), ()
+                return None, self._structure_difference(c_args, c_kwargs), (), None
             tensors = [leaves[i] for i in self._positions]
             if not all(isinstance(t, torch.Tensor) for t in tensors):
-                return None, "an input that was a tensor when prepared is not one now", ()
+                return None, "an input that was a tensor when prepared is not one now", (), None
         shapes = tuple(tuple(t.shape) for t in tensors)
         cache_key = (shapes, tuple(t.dtype for t in tensors))
         why = self._shape_cache.get(cache_key, _MISSING)
@@ -484,18 +491,20 @@ class BlockServer:
                 self._shape_cache.clear()
             self._shape_cache[cache_key] = why
         if why:
-            return None, why, cache_key
+            return None, why, cache_key, None
         verdict = engine.registry.verdicts.get(self.graph.key.id, cache_key)
         if verdict is not None and not verdict.ok:
-            return None, retired_reason(self.graph.key.id, self.call_template.tensor_paths, shapes, verdict), cache_key
+            return (None, retired_reason(self.graph.key.id, self.call_template.tensor_paths, shapes, verdict),
+                    cache_key, None)
         with stage("binding the block's weights"):
             weights, reason = self._weights_for(instance)
         if reason:
-            return None, reason, cache_key
+            return None, reason, cache_key, None
+        copies = snapshot(args, kwargs) if engine.options.verify and verdict is None else None
         running = f"running graph {self.graph.key.id}"
         try:
             with stage(running):
-                return self.runner.run(weights, tensors, self.call_template.rebuild), None, cache_key
+                return self.runner.run(weights, tensors, self.call_template.rebuild), None, cache_key, copies
         except Failure as failure:  # a graph that breaks at run time is not used again in this process
             self.reason = str(failure)
             raise

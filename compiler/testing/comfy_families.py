@@ -31,6 +31,8 @@ from .comfy_models import _FLOAT8, _INIT_TYPES, _comfy, _init
 FAMILIES: Tuple[str, ...] = (
     "flux", "chroma", "sd3", "auraflow", "wan", "qwen-image", "hunyuan-video", "ltxv", "lumina2", "hidream",
 )
+# SD-style UNets (whole-model graphs, not blocks): ComfyUI's UNetModel as SD1.5 and SDXL configure it.
+UNET_FAMILIES: Tuple[str, ...] = ("sd15", "sdxl")
 
 # Sizes of the text features each tiny family takes (the real models take 2048-4096).
 _TXT = 32          # T5 / umT5 / Llama / Qwen2.5 / Gemma hidden states
@@ -41,11 +43,31 @@ _HIDREAM_T5 = 32
 _HIDREAM_LLAMA = 48
 _HIDREAM_LLAMA_LAYERS = 4
 _HIDREAM_POOLED = 64
+_SD_CONTEXT = 64    # CLIP-L (768) / CLIP-L+G (2048) hidden states
+_SDXL_POOLED = 1280  # CLIP-G pooled: SDXL's ADM vector is 1280 + 6 x 256 size embeddings = 2816 wide
 
 # unet_config per family: the keys comfy.model_detection would produce for a
 # checkpoint of that family, with tiny values (plus the widths detection takes
 # from the class defaults of the real model, which a tiny model must override).
 UNET_CONFIGS: Dict[str, Dict[str, Any]] = {
+    "sd15": {
+        # Two levels (32 and 64 channels: ComfyUI's GroupNorm takes 32 groups), attention on both and in the middle,
+        # so GroupNorm, LayerNorm, self- and cross-attention all see the batch. SD15 sets 8 heads itself.
+        "image_size": 32, "in_channels": 4, "out_channels": 4, "model_channels": 32, "num_res_blocks": [1, 1],
+        "channel_mult": [1, 2], "transformer_depth": [1, 1], "transformer_depth_output": [1, 1, 1, 1],
+        "transformer_depth_middle": 1, "use_spatial_transformer": True, "context_dim": _SD_CONTEXT,
+        "use_linear_in_transformer": False, "legacy": False, "adm_in_channels": None,
+        "use_temporal_resblock": False, "use_temporal_attention": False,
+    },
+    "sdxl": {
+        # SDXL's layout in small: linear transformer projections, attention from the second level on (64-channel
+        # heads, SDXL's default), the 2816-wide ADM vector (pooled text + size embeddings).
+        "image_size": 32, "in_channels": 4, "out_channels": 4, "model_channels": 32, "num_res_blocks": [1, 1],
+        "channel_mult": [1, 2], "transformer_depth": [0, 1], "transformer_depth_output": [0, 0, 1, 1],
+        "transformer_depth_middle": 1, "use_spatial_transformer": True, "context_dim": _SD_CONTEXT,
+        "use_linear_in_transformer": True, "legacy": False, "adm_in_channels": 2816, "num_classes": "sequential",
+        "use_temporal_resblock": False, "use_temporal_attention": False,
+    },
     "flux": {
         "image_model": "flux", "in_channels": 16, "out_channels": 16, "patch_size": 2, "vec_in_dim": _POOLED,
         "context_in_dim": _TXT, "hidden_size": 64, "mlp_ratio": 4.0, "num_heads": 2, "depth": 2,
@@ -114,6 +136,7 @@ UNET_CONFIGS: Dict[str, Dict[str, Any]] = {
 }
 
 _SUPPORTED = {  # family -> class name in comfy.supported_models
+    "sd15": "SD15", "sdxl": "SDXL",
     "flux": "Flux", "chroma": "Chroma", "sd3": "SD3", "auraflow": "AuraFlow", "wan": "WAN21_T2V",
     "qwen-image": "QwenImage", "hunyuan-video": "HunyuanVideo", "ltxv": "LTXV", "lumina2": "Lumina2",
     "hidream": "HiDream",
@@ -163,7 +186,12 @@ def _conditioning_fn(name: str) -> Callable[[int, int], list]:
             raise ValueError("text_tokens must be >= 1, got %d" % tokens)
         g = torch.Generator().manual_seed(seed)
         extras: Dict[str, Any] = {"pooled_output": None}
-        if name == "flux":
+        if name == "sd15":
+            cond = _randn((1, tokens, _SD_CONTEXT), g)  # CLIP gives 77 tokens per prompt chunk
+        elif name == "sdxl":
+            cond = _randn((1, tokens, _SD_CONTEXT), g)
+            extras["pooled_output"] = _randn((1, _SDXL_POOLED), g)  # width/height default to 768, as ComfyUI's
+        elif name == "flux":
             cond = _randn((1, tokens, _TXT), g)
             extras.update(pooled_output=_randn((1, _POOLED), g), guidance=3.5)  # FluxGuidance default
         elif name == "sd3":
@@ -200,7 +228,7 @@ def _latent_fn(name: str) -> Callable[[int, int, int, int], torch.Tensor]:
             return torch.zeros([batch, 16, ((frames - 1) // 4) + 1, height // 8, width // 8])
         if name == "ltxv":
             return torch.zeros([batch, 128, ((frames - 1) // 8) + 1, height // 32, width // 32])
-        if name == "auraflow":
+        if name in ("auraflow", "sd15", "sdxl"):  # EmptyLatentImage
             return torch.zeros([batch, 4, height // 8, width // 8])
         return torch.zeros([batch, 16, height // 8, width // 8])
 
@@ -241,7 +269,7 @@ def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> TinyF
     (`--fp8_e4m3fn-unet`, fp8 checkpoints) compute in bfloat16: ComfyUI's manual cast, per layer and call.
     """
     if name not in UNET_CONFIGS:
-        raise ValueError("unknown family %r; known: %s" % (name, ", ".join(FAMILIES)))
+        raise ValueError("unknown family %r; known: %s" % (name, ", ".join(FAMILIES + UNET_FAMILIES)))
     _comfy()
     import comfy.model_management
     import comfy.model_patcher

@@ -134,9 +134,9 @@ def test_eager_path_is_the_callers_own_call():
     compiled = CompiledForward(module, CompileOptions(compile_on_miss=False, label="linear", counter="unet"),
                                registry, forward_fn=lambda m, x: m(x))
     x = torch.randn(2, 4)
-    served = compiled.serve((x,), {}, eager=lambda: "the wrapper chain")
+    served = compiled.serve((x,), {}, eager=lambda *a, **k: "the wrapper chain")
     assert served.output == "the wrapper chain" and served.eager and "compiling is off" in served.reason
-    known = compiled.serve((x,), {}, eager=lambda: 7, eager_reason="patches")
+    known = compiled.serve((x,), {}, eager=lambda *a, **k: 7, eager_reason="patches")
     assert known.output == 7 and known.reason == "patches"
     assert [e.reason for e in registry.fallbacks][-1] == "linear: patches; running eager"
     assert registry.log.counts["unet.eager"] == 2 and registry.log.counts["unet.graph"] == 0
@@ -153,7 +153,7 @@ def test_transformer_options_with_patches_run_the_callers_call_with_the_reason()
     compiled = CompiledForward(module, CompileOptions(label="linear"), registry, forward_fn=lambda m, x: m(x),
                                binder=_binder(fake_forward))
     options = {"patches": {"output_block_patch": [print]}}
-    served = compiled.serve((torch.randn(2, 4),), {"transformer_options": options}, eager=lambda: "eager")
+    served = compiled.serve((torch.randn(2, 4),), {"transformer_options": options}, eager=lambda *a, **k: "eager")
     assert served.output == "eager" and "patches (output_block_patch)" in served.reason
     assert registry.compiles == []
 

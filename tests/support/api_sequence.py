@@ -24,6 +24,9 @@ IGNORES = {
     "sd": ("vae.encoder",),
     "sdxl": ("vae.decoder", "vae.encoder"),
     "fp16_vae": ("unet", "vae.encoder"),
+    # a float32 VAE in a half-precision img2img pipeline: the VAE's dtypes are what is tested
+    "img2img_bfloat16": ("unet",),
+    "img2img_float16": ("unet",),
 }
 SEQUENCES = {
     # the OneDiff flow: compile, then load into the compiled pipe
@@ -43,6 +46,13 @@ SEQUENCES = {
 
 
 def build(kind: str, seed: int):
+    if kind.startswith("img2img_"):
+        from diffusers import StableDiffusionXLImg2ImgPipeline
+
+        dtype = getattr(torch, kind.partition("_")[2])
+        pipe = StableDiffusionXLImg2ImgPipeline(**tiny_sdxl_pipeline(seed, dtype=dtype, vae_dtype=torch.float32).components)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
     if kind == "sdxl":
         return tiny_sdxl_pipeline(seed)
     if kind == "fp16_vae":
@@ -51,6 +61,16 @@ def build(kind: str, seed: int):
 
 
 def image(pipe, kind: str) -> torch.Tensor:
+    if kind.startswith("img2img_"):
+        # The pattern: no CFG, two images of one prompt; the VAE encodes upcast (float32) and decodes in
+        # the pipeline's dtype (img2img casts the VAE to it) or upcast again (float16 with force_upcast).
+        dtype = pipe.unet.dtype
+        picture = torch.rand(1, 3, 16, 24, generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            return pipe(image=picture, prompt_embeds=prompt_embeds(1, seed=1, dtype=dtype),
+                        pooled_prompt_embeds=pooled_embeds(1, seed=3, dtype=dtype), num_inference_steps=2,
+                        strength=0.6, guidance_scale=1.0, num_images_per_prompt=2, output_type="pt",
+                        generator=torch.Generator().manual_seed(42)).images
     extra = {}
     if kind in ("sdxl", "fp16_vae"):
         extra = {"pooled_prompt_embeds": pooled_embeds(1, seed=3), "negative_pooled_prompt_embeds": pooled_embeds(1, seed=4)}

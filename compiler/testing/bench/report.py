@@ -177,6 +177,12 @@ def model_summary(name: str, jobs: Dict[str, dict], spec: Optional[dict] = None)
     out["ours_fallbacks"] = {variant: ok[variant].get("fallbacks") for variant in OURS if variant in ok}
     out["graphs_saved"] = ok.get("ours_aot_cold", {}).get("graphs_saved")
     out["graphs_saved_mb"] = _round(ok.get("ours_aot_cold", {}).get("graphs_saved_mb"), 2)
+    # the first-use check: one eager call per new shape, and the graph's output held while it runs
+    out["first_use_check"] = {
+        variant: {"checks": cost["checks"], "mismatches": cost["mismatches"], "extra_s": _round(cost["extra_s"], 3),
+                  "share_of_sweep": _round(cost["extra_s"] / cost["sweep_s"], 3) if cost["sweep_s"] else None,
+                  "held_mb_max": _round(cost["held_mb_max"], 2)}
+        for variant, job in ok.items() for cost in [job.get("first_use_check")] if cost}
 
     if (spec or {}).get("kind") == "transformer":
         out.update(transformer_summary(ok, out))
@@ -408,6 +414,16 @@ def markdown(summary: Dict[str, Any]) -> str:
                     f"| {_fmt(model['sweep_wall_s'].get(variant), 1)} | {_fmt(rss.get(variant), 0)} |")
         if "torch_compile_warm" in rss:
             add(f"| {LABELS['torch_compile_warm']} (first call only) | | | {_fmt(rss['torch_compile_warm'], 0)} |")
+        checks = model.get("first_use_check") or {}
+        if checks:
+            add("")
+            add("The first-use check (each shape's first call also runs eager once; the sweep visited again, checked):")
+            add("")
+            add("| | checks | mismatches | extra seconds over the sweep | share of the sweep | output held, MB |")
+            add("|---|---|---|---|---|---|")
+            for variant, cost in checks.items():
+                add(f"| {LABELS.get(variant, variant)} | {_fmt(cost['checks'])} | {_fmt(cost['mismatches'])} "
+                    f"| {_fmt(cost['extra_s'], 2)} | {_fmt(cost['share_of_sweep'], 3)} | {_fmt(cost['held_mb_max'], 2)} |")
         for variant, warmup in (model.get("warmup") or {}).items():
             add("")
             add(f"{LABELS[variant]}: the sweep's and steady shapes were warmed up before the sweep: "

@@ -21,8 +21,12 @@ Variants (what is timed; everything after the model is built):
 
 Each compiled variant: the first call at the base shape (timed: a cold
 compile, or a load), steady-state step times alternating eager and compiled
-calls, and the sweep of 5 resolutions x 3 batch sizes counting compiles. The
-result is one JSON file; nothing is printed that the parent needs.
+calls, and the sweep of 5 resolutions x 3 batch sizes counting compiles. Ours
+run with the first-use check on (the default): each sweep shape's first call
+also runs eagerly once, so the sweep is visited again (`first_use_check`):
+what a first visit cost more than a checked one, how many checks ran, and the
+largest output held while the eager call runs. The result is one JSON file;
+nothing is printed that the parent needs.
 """
 
 from __future__ import annotations
@@ -221,6 +225,9 @@ def run_job(job: Dict[str, Any]) -> Dict[str, Any]:
     result["sweep_wall_s"] = time.perf_counter() - sweep_started
     result["sweep"] = sweep
     result["sweep_compiles"] = sum(row["compiles"] for row in sweep)
+    if registry is not None and getattr(getattr(wrapper, "options", None), "verify", False):
+        result["first_use_check"] = _first_use_cost(timed, compiled_fn, eager_fn, inputs, model.sweep(), sweep,
+                                                    registry)
 
     # -- steady state after the sweep, alternating eager and compiled calls (the
     # aot graphs of the cold run are the ones the load run times; eager alone needs no pairs)
@@ -260,6 +267,29 @@ def _finish(result, variant, count, registry, wrapper, watcher, job, cuda) -> Di
         result["cuda_max_memory_allocated_mb"] = torch.cuda.max_memory_allocated() / 2**20
     result["loadavg_end"] = list(os.getloadavg())
     return result
+
+
+def _first_use_cost(timed, compiled_fn, eager_fn, inputs, shapes, sweep, registry) -> Dict[str, Any]:
+    """What the first-use check cost over the sweep: each shape visited again, now checked.
+
+    The extra seconds of a first visit are one eager call (plus the comparison); memory is the graph's output,
+    held while that eager call runs.
+    """
+    import torch
+    import torch.utils._pytree as pytree
+
+    rows = []
+    for shape, first in zip(shapes, sweep):
+        repeat = timed(compiled_fn, shape)
+        args, kwargs = inputs[shape]
+        with torch.no_grad():
+            held = sum(t.numel() * t.element_size() for t in pytree.tree_leaves(eager_fn(*args, **kwargs))
+                       if isinstance(t, torch.Tensor))
+        rows.append({"shape": list(shape), "first_s": first["s"], "repeat_s": repeat, "held_mb": held / 2**20})
+    extra = sum(max(0.0, row["first_s"] - row["repeat_s"]) for row in rows)
+    return {"checks": len(registry.verdicts), "mismatches": len(registry.mismatches), "rows": rows,
+            "extra_s": extra, "sweep_s": sum(row["first_s"] for row in rows),
+            "held_mb_max": max((row["held_mb"] for row in rows), default=0.0)}
 
 
 def _steady(timed, eager_fn, compiled_fn, shapes, reps: int, count) -> Dict[str, Any]:
