@@ -302,9 +302,9 @@ def test_weights_comfyui_casts_on_the_fly_run_eager_with_the_reason():
     kwargs = _unet_call(2, 8, 8, seed=3)
     ran = []
 
-    def eager():
+    def eager(**called):
         ran.append(True)
-        return _eager_unet(unet, kwargs)
+        return _eager_unet(unet, called)
 
     out = _call(forward, eager, **kwargs)
     assert ran == [True]
