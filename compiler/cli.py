@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .testing.bench import add_arguments as _bench_arguments, run_from_args as _bench_run
 
-    bench = commands.add_parser("bench", help="eager vs plain torch.compile vs KeepFast (see BENCHMARKS.md)")
+    bench = commands.add_parser("bench", help="eager vs plain torch.compile vs KeepFast (see docs/benchmarks.md)")
     _bench_arguments(bench)
     bench.set_defaults(run=_bench_run)
     return parser

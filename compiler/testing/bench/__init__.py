@@ -8,7 +8,7 @@ configuration in its own process: steady-state step time, first call (cold
 compile) and restart-to-first-result with saved graphs, compiles over a
 sweep of 5 resolutions x 3 batch sizes, peak memory. With COMFYUI_PATH set,
 the same comparison end to end in a headless ComfyUI. Writes DIR/bench.json,
-DIR/bench.md and DIR/bench.png. See BENCHMARKS.md.
+DIR/bench.md and DIR/bench.png. See docs/benchmarks.md.
 
 Importing this package imports neither torch nor diffusers.
 """
