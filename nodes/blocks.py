@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from dataclasses import replace
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -99,11 +100,16 @@ class ComfyFamily(BlockFamily):
     spatial_multiple = 2
     inputs_dtype: Optional[torch.dtype] = None  # set per model by engine_for (`input_dtype`)
 
-    def for_inputs(self, dtype: Optional[torch.dtype]) -> "ComfyFamily":
+    def for_model(self, model: torch.nn.Module, dtype: Optional[torch.dtype]) -> "ComfyFamily":
         """This family for one model whose sampler sends `dtype` inputs (the shared instance stays as is)."""
         own = copy.copy(self)
         own.inputs_dtype = dtype
+        own.geometry = self.model_geometry(model)
         return own
+
+    def model_geometry(self, model: torch.nn.Module) -> Geometry:
+        """How this model's latents become tokens (a model's config may change the family's default)."""
+        return self.geometry
 
     def block_inputs(self, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
         _register_dataclasses(args, kwargs)
@@ -315,6 +321,12 @@ class Lumina2Family(ComfyFamily):
             "num_tokens": dims.text,  # ComfyUI drops an all-ones mask and passes the token count
         }
 
+    def model_geometry(self, model):
+        # Z-Image pads caption and image tokens to a multiple of 32 (`pad_tokens_multiple`) before its
+        # refiners: the blocks see only multiples of it, and the rotary table follows the padded count.
+        multiple = getattr(model, "pad_tokens_multiple", None)
+        return replace(self.geometry, token_multiple=int(multiple)) if multiple else self.geometry
+
 
 class HiDreamFamily(ComfyFamily):
     name = "hidream"
@@ -397,7 +409,7 @@ def engine_for(module: torch.nn.Module, options: BlockOptions, registry,
     family = family_of(module)
     if family is None:
         return None
-    engine = BlockEngine(module, family.for_inputs(dtype), options, registry, scoped=True)
+    engine = BlockEngine(module, family.for_model(module, dtype), options, registry, scoped=True)
     engine.block_filter = BlockPolicy()
     engine.install_blocks()
     _ENGINES[module] = engine

@@ -80,6 +80,32 @@ def test_probes_change_every_role_differently():
             assert rng.sequence[0] <= dims.text <= rng.sequence[1]
 
 
+def test_padded_tokens_change_between_the_probes():
+    """Z-Image pads text and image tokens to a multiple of 32: probes of 7 and 11 text tokens would both reach
+    the blocks as 32 and the text axis would look static (the guard `freqs_cis.shape[1] == 32`)."""
+    geometry = T.Geometry(patch=2, token_multiple=32)
+    assert geometry.padded(7) == 32 and geometry.padded(64) == 64 and geometry.padded(65) == 96
+    for rng in (ShapeRange(batch=(1, 4), spatial=(8, 128), sequence=(1, 231)),
+                ShapeRange(batch=(1, 1), spatial=(16, 64), sequence=(1, 77))):
+        first, second = T.probe_dims(geometry, rng, 2)
+        a, b = T.counts_of(geometry, first), T.counts_of(geometry, second)
+        for role in (T.TOKENS, T.SEQUENCE, T.JOINT):
+            assert a[role] != b[role], (role, first, second)
+            assert a[role] % 32 == 0 and b[role] % 32 == 0
+        assert first.text == a[T.SEQUENCE]  # probes send what the blocks see: the model pads nothing
+        changing = [(a[r], b[r]) for r in T.BASE_ROLES if a[r] != b[r]]
+        assert len(set(changing)) == len(changing)
+        blocks = geometry.block_range(rng)
+        assert blocks.sequence == (32, geometry.padded(rng.sequence[1]))
+        assert blocks.tokens[0] % 32 == 0 and blocks.tokens[1] % 32 == 0
+        for dims in (first, second):
+            assert blocks.sequence[0] <= a[T.SEQUENCE] <= blocks.sequence[1]
+            assert blocks.tokens[0] <= T.counts_of(geometry, dims)[T.TOKENS] <= blocks.tokens[1]
+    plain = T.Geometry(patch=2)
+    rng = ShapeRange(batch=(1, 4), spatial=(8, 128), sequence=(1, 231))
+    assert plain.block_range(rng).sequence == (1, 231)  # unpadded families keep their keys
+
+
 def test_dimensions_are_named_from_two_probes():
     a = {"batch": 2, "tokens": 20, "sequence": 7, "joint": 27}
     b = {"batch": 3, "tokens": 25, "sequence": 11, "joint": 36}

@@ -62,9 +62,19 @@ class Geometry:
     patch_frames: int = 1
     video: bool = False
     default_frames: Tuple[int, int] = (1, 1)
+    # The model pads image tokens and text tokens up to a multiple of this before its blocks
+    # (Z-Image: 32), so blocks only ever see multiples of it.
+    token_multiple: int = 1
+
+    def padded(self, count: int) -> int:
+        """A token count as the blocks see it, after the model's padding."""
+        return count + (-count) % self.token_multiple
 
     def tokens(self, dims: Dims) -> int:
-        return (dims.frames // self.patch_frames) * (dims.height // self.patch) * (dims.width // self.patch)
+        return self.padded((dims.frames // self.patch_frames) * (dims.height // self.patch) * (dims.width // self.patch))
+
+    def text(self, dims: Dims) -> int:
+        return self.padded(dims.text)
 
     def frames_range(self, shape_range: ShapeRange) -> Tuple[int, int]:
         if shape_range.frames is not None:
@@ -78,12 +88,18 @@ class Geometry:
         side_high = max(side_low, high // self.patch)
         frames_low = max(1, f_low // self.patch_frames)
         frames_high = max(frames_low, f_high // self.patch_frames)
-        return frames_low * side_low * side_low, frames_high * side_high * side_high
+        return self.padded(frames_low * side_low * side_low), self.padded(frames_high * side_high * side_high)
+
+    def sequence_range(self, shape_range: ShapeRange) -> Tuple[int, int]:
+        low, high = shape_range.sequence
+        return self.padded(low), self.padded(high)
 
     def block_range(self, shape_range: ShapeRange) -> ShapeRange:
-        """The declared range with the token bounds (and frames) filled in: the key of a block graph."""
+        """The declared range with the token bounds (and frames) filled in, text tokens as the blocks
+        see them (padded): the key of a block graph."""
         frames = self.frames_range(shape_range) if self.video else shape_range.frames
-        return replace(shape_range, frames=frames, tokens=self.token_range(shape_range))
+        return replace(shape_range, frames=frames, tokens=self.token_range(shape_range),
+                       sequence=self.sequence_range(shape_range))
 
 
 def role_values(counts: Dict[str, int]) -> Dict[str, int]:
@@ -96,7 +112,7 @@ def role_values(counts: Dict[str, int]) -> Dict[str, int]:
 
 
 def counts_of(geometry: Geometry, dims: Dims) -> Dict[str, int]:
-    return role_values({BATCH: dims.batch, TOKENS: geometry.tokens(dims), SEQUENCE: dims.text})
+    return role_values({BATCH: dims.batch, TOKENS: geometry.tokens(dims), SEQUENCE: geometry.text(dims)})
 
 
 def role_bounds(role: str, block_range: ShapeRange) -> Tuple[int, int]:
@@ -142,22 +158,51 @@ def probe_dims(geometry: Geometry, shape_range: ShapeRange, spatial_multiple: in
     told apart); sizes are kept >= 2, where tracing treats 0 and 1 specially.
     """
     b1, b2 = _two(*shape_range.batch, preferred=(2, 3))
-    low, high = shape_range.spatial
-    side = _multiple_at_least(max(low, 2 * spatial_multiple), spatial_multiple)
-    if side > high:
-        side = _multiple_at_least(low, spatial_multiple)
-    wider = side + spatial_multiple if side + spatial_multiple <= high else side
     f_low, f_high = geometry.frames_range(shape_range)
     f1, f2 = _two(f_low, f_high, preferred=(max(f_low, 2), max(f_low, 2) + 1)) if geometry.video else (1, 1)
+    side, wider = _sides(geometry, shape_range.spatial, spatial_multiple, f1, f2)
     s_low, s_high = shape_range.sequence
     first = Dims(b1, side, wider, f1, 0)
     second = Dims(b2, wider, wider, f2, 0)
-    for t1, t2 in _text_candidates(s_low, s_high):
+    candidates = (_text_candidates(s_low, s_high) if geometry.token_multiple == 1
+                  else _padded_text_candidates(geometry, s_low, s_high))
+    for t1, t2 in candidates:
         pair = (replace(first, text=t1), replace(second, text=t2))
         if _distinct(geometry, *pair):
             return pair
     t1, t2 = _two(s_low, s_high, preferred=(7, 11))
     return replace(first, text=t1), replace(second, text=t2)
+
+
+def _sides(geometry: Geometry, spatial: Tuple[int, int], multiple: int, f1: int, f2: int) -> Tuple[int, int]:
+    """Latent sides of the probes (first: side x wider, second: wider x wider).
+
+    Where the model pads tokens to a multiple, small sides would all pad to the
+    same count and the token axis would look static: the sides then grow until
+    the two probes' padded token counts differ.
+    """
+    low, high = spatial
+    side = _multiple_at_least(max(low, 2 * multiple), multiple)
+    if side > high:
+        side = _multiple_at_least(low, multiple)
+    wider = side + multiple if side + multiple <= high else side
+    if geometry.token_multiple == 1:
+        return side, wider
+    for a in range(side, high + 1, multiple):
+        for b in range(a + multiple, high + 1, multiple):
+            small, large = Dims(1, a, b, f1), Dims(1, b, b, f2)
+            if geometry.tokens(small) != geometry.tokens(large) and geometry.tokens(small) >= 2:
+                return a, b
+    return side, wider
+
+
+def _padded_text_candidates(geometry: Geometry, low: int, high: int) -> Iterable[Tuple[int, int]]:
+    """Text token pairs that stay two different counts after the model pads them."""
+    m = geometry.token_multiple
+    sizes = [k * m for k in range(1, geometry.padded(high) // m + 1) if k * m >= low]
+    for i, t1 in enumerate(sizes):
+        for t2 in sizes[i + 1:]:
+            yield t1, t2
 
 
 def _text_candidates(low: int, high: int) -> Iterable[Tuple[int, int]]:

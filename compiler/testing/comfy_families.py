@@ -2,7 +2,7 @@
 
 The ComfyUI tests and the bench need every model family the pack compiles
 (Flux, Chroma, SD3, AuraFlow, Wan 2.1, Qwen-Image, HunyuanVideo, LTXV, Lumina 2,
-HiDream) without downloading weights. Each family is built from ComfyUI's own
+Z-Image, HiDream) without downloading weights. Each family is built from ComfyUI's own
 classes (`comfy.supported_models.<X>(unet_config).get_model(state_dict={})`),
 so the diffusion model, its `model_base` wrapper, the extra conds and the
 sampling code are exactly what ComfyUI runs; only the widths and depths are
@@ -29,7 +29,8 @@ import torch
 from .comfy_models import _FLOAT8, _INIT_TYPES, _comfy, _init
 
 FAMILIES: Tuple[str, ...] = (
-    "flux", "chroma", "sd3", "auraflow", "wan", "qwen-image", "hunyuan-video", "ltxv", "lumina2", "hidream",
+    "flux", "chroma", "sd3", "auraflow", "wan", "qwen-image", "hunyuan-video", "ltxv", "lumina2", "z-image",
+    "hidream",
 )
 # SD-style UNets (whole-model graphs, not blocks): ComfyUI's UNetModel as SD1.5 and SDXL configure it.
 UNET_FAMILIES: Tuple[str, ...] = ("sd15", "sdxl")
@@ -125,6 +126,15 @@ UNET_CONFIGS: Dict[str, Dict[str, Any]] = {
         "qk_norm": True, "n_heads": 2, "n_kv_heads": 1, "axes_dims": [8, 12, 12], "axes_lens": [300, 512, 512],
         "rope_theta": 10000.0, "ffn_dim_multiplier": 4.0,
     },
+    "z-image": {
+        # Lumina 2's NextDiT as comfy.model_detection configures Z-Image: z_image_modulation, a time scale
+        # of 1000, and caption and image tokens padded to a multiple of 32 before the refiners.
+        # dim 256: the refiners' modulation takes min(dim, 256) features from a 256-wide time embedding.
+        "image_model": "lumina2", "patch_size": 2, "in_channels": 16, "dim": 256, "cap_feat_dim": _TXT, "n_layers": 2,
+        "qk_norm": True, "n_heads": 4, "n_kv_heads": 4, "axes_dims": [16, 24, 24], "axes_lens": [1536, 512, 512],
+        "rope_theta": 256.0, "ffn_dim_multiplier": 8.0 / 3.0, "z_image_modulation": True, "time_scale": 1000.0,
+        "pad_tokens_multiple": 32,
+    },
     "hidream": {
         "image_model": "hidream", "attention_head_dim": 32, "axes_dims_rope": [16, 8, 8],
         "caption_channels": [_HIDREAM_T5, _HIDREAM_LLAMA], "max_resolution": [128, 128], "in_channels": 16,
@@ -139,7 +149,7 @@ _SUPPORTED = {  # family -> class name in comfy.supported_models
     "sd15": "SD15", "sdxl": "SDXL",
     "flux": "Flux", "chroma": "Chroma", "sd3": "SD3", "auraflow": "AuraFlow", "wan": "WAN21_T2V",
     "qwen-image": "QwenImage", "hunyuan-video": "HunyuanVideo", "ltxv": "LTXV", "lumina2": "Lumina2",
-    "hidream": "HiDream",
+    "z-image": "ZImage", "hidream": "HiDream",
 }
 
 
@@ -159,7 +169,7 @@ class TinyFamily:
 
         width/height are pixels; frames is the video length in pixel frames (the
         node's `length`), ignored for image families. Nodes: EmptySD3LatentImage
-        (Flux, Chroma, SD3, Qwen-Image, Lumina 2, HiDream: 16 ch, /8; Qwen-Image's
+        (Flux, Chroma, SD3, Qwen-Image, Lumina 2, Z-Image, HiDream: 16 ch, /8; Qwen-Image's
         4-D latent becomes 5-D [B,16,1,h,w] in `sample`, as in KSampler),
         EmptyLatentImage (AuraFlow: 4 ch, /8), EmptyHunyuanLatentVideo (Wan,
         HunyuanVideo: 16 ch, /8, (frames-1)//4+1 latent frames), EmptyLTXVLatentVideo
@@ -207,7 +217,7 @@ def _conditioning_fn(name: str) -> Callable[[int, int], list]:
             mask = torch.ones((1, tokens), dtype=torch.long)
             mask[:, tokens - tokens // 4:] = 0
             extras["attention_mask"] = mask
-        elif name == "lumina2":
+        elif name in ("lumina2", "z-image"):
             # Gemma returns an all-ones mask; model_base.Lumina2 turns it into num_tokens (a Python int).
             cond = _randn((1, tokens, _TXT), g)
             extras["attention_mask"] = torch.ones((1, tokens), dtype=torch.long)
