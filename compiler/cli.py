@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from .library import NotAGraphsFolder, graphs_folder, stored_at, trust
+from .quiet import third_party_quiet
 from .store import GraphRefused, GraphStore
 
 
@@ -187,4 +188,5 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .testing.demo import run_demo
 
         return run_demo(Path(args.out), steps=args.steps, load_check=args.load_check)
-    return args.run(args)
+    with third_party_quiet():  # the notices torch, diffusers and transformers print while a command runs
+        return args.run(args)

@@ -4,7 +4,9 @@ Builds a small Stable Diffusion pipeline from configs (random weights, no
 downloads), generates eager reference images, compiles the UNet and VAE
 decoder, generates at several resolutions and two batch sizes, saves the
 graphs, then starts a fresh Python process that loads them and generates the
-same images again. Prints a table and writes DIR/report.json.
+same images again. Prints a table and writes DIR/report.json. Prints its own
+progress lines only: the third-party notices its calls trigger are dropped
+while it runs (compiler/quiet.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from ..diffusers_api import compile_pipe, compiled_parts, load_pipe, save_pipe
+from ..quiet import third_party_quiet
 from ..registry import default_registry
 from ..shapes import ShapeRange
 from .tiny_models import prompt_embeds, tiny_sd_pipeline
@@ -67,6 +70,11 @@ def _max_diff(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> float:
 
 
 def run_demo(out: Path, steps: int = 4, load_check: bool = False) -> int:
+    with third_party_quiet():
+        return _run_demo(out, steps, load_check)
+
+
+def _run_demo(out: Path, steps: int, load_check: bool) -> int:
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     out.mkdir(parents=True, exist_ok=True)
     graphs = out / "graphs"
