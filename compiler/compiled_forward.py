@@ -32,6 +32,7 @@ from .flat_module import ForwardFn
 from .keys import FamilyKey, GraphKey
 from .library import GraphLibrary
 from .probes import corner_targets, reshape_call
+from .quiet import third_party_quiet
 from .registry import COMPILE, FALLBACK, MISMATCH, PROGRESS, GraphRegistry, default_registry
 from .shapes import DEFAULT_RANGE, ShapeRange, leaf_bounds
 from .signature import FlatCall, RolePolicy, UnsupportedCall
@@ -365,7 +366,8 @@ class CompiledForward:
         log.info("%s: compiling (%s)", label, reason)
         started = time.perf_counter()
         try:
-            graph = backend.compile(self.module, self.forward_fn, call, key, report)
+            with third_party_quiet():  # the notices torch prints while it compiles are not the user's business
+                graph = backend.compile(self.module, self.forward_fn, call, key, report)
         except CompileDeferred as error:
             log.warning("%s: not compiled now: %s", label, error)
             raise

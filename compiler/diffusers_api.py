@@ -20,6 +20,7 @@ import torch
 
 from .backends import DEFAULT_BACKEND, get_backend
 from .blocks import BlockEngine, BlockOptions, compile_blocks
+from .cached_steps import ChunkServer, chunk_server, example_frames, installed_chunk_server, takes_feature_cache
 from .compiled_forward import CompiledForward, CompileOptions
 from .environment import dtype_from_name, dtype_name
 from .library import GraphLibrary
@@ -76,7 +77,7 @@ def compile_module(module: torch.nn.Module, options: Optional[CompileOptions] = 
 
 
 def uncompile_module(module: torch.nn.Module) -> None:
-    if isinstance(module.__dict__.get("forward"), CompiledForward):
+    if isinstance(module.__dict__.get("forward"), (CompiledForward, ChunkServer)):
         del module.forward
 
 
@@ -124,6 +125,9 @@ def compile_pipe(
             backend=backend, shape_range=shape_range, store=store, autosave=autosave,
             compile_on_miss=compile_on_miss, label=target, verify=verify,
         )
+        if takes_feature_cache(module):  # a video VAE (AutoencoderKLWan): served chunk by chunk
+            parts[target] = chunk_server(module, options, registry or default_registry(), always=True).forward
+            continue
         parts[target] = compile_module(module, options, registry or default_registry())
     setattr(pipe, _ATTRIBUTE, parts)
     return pipe
@@ -157,6 +161,9 @@ def example_calls(pipe, target: str, shape_range: ShapeRange, batch: int = 2,
         timestep = torch.tensor(500.0, device=device)
         return [((sample, timestep), kwargs)]
     vae = pipe.vae
+    server = installed_chunk_server(module)
+    if server is not None:  # one video at a time, as video pipelines decode (a batch of 2 compiles when met)
+        return _chunk_calls(vae, target, server, shape_range.batch[0], side, options)
     if target == "vae.decoder":
         channels = vae.config.latent_channels
         return [((torch.randn(1, channels, side, side, **options),), {})]
@@ -164,6 +171,17 @@ def example_calls(pipe, target: str, shape_range: ShapeRange, batch: int = 2,
         scale = 2 ** (len(vae.config.block_out_channels) - 1)
         return [((torch.randn(1, vae.config.in_channels, side * scale, side * scale, **options),), {})]
     raise ValueError(f"unknown target {target!r}")
+
+
+def _chunk_calls(vae, target: str, server: ChunkServer, batch: int, side: int, options: dict):
+    """The chunk calls of one example video (every cache state: first chunk, second, later), run eagerly."""
+    with torch.no_grad(), server.capturing() as found:
+        if target == "vae.decoder":
+            vae.decode(torch.randn(batch, vae.config.z_dim, example_frames(True), side, side, **options))
+        else:
+            scale = vae.spatial_compression_ratio
+            vae.encode(torch.randn(batch, 3, example_frames(False), side * scale, side * scale, **options))
+    return found
 
 
 def run_dtypes(pipe, target: str, module: torch.nn.Module) -> List[torch.dtype]:

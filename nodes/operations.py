@@ -205,7 +205,9 @@ def warm(model, vae, sizes: List[Tuple[int, int]], batches: List[int], report: R
     bar = unet.progress_bar(sum(len(calls) for _, _, calls in jobs))
     shapes = [f"{w}x{h} batch {b}" for w, h in sizes for b in batches]
     for what, forward, calls in jobs:
-        for shape, call in zip(shapes, calls):
+        # one call per size and batch, or (a video VAE served chunk by chunk) one per chunk state and shape
+        labels = shapes if len(calls) == len(shapes) else [_chunk_label(call) for call in calls]
+        for shape, call in zip(labels, calls):
             started = time.perf_counter()
             result = forward.warmup([call])[0]
             line = result.describe() if result.eager else f"served by graph {result.graph_id} ({result.origin})"
@@ -213,6 +215,11 @@ def warm(model, vae, sizes: List[Tuple[int, int]], batches: List[int], report: R
             if bar is not None:
                 bar.update(1)
     return model_out, vae_out
+
+
+def _chunk_label(call) -> str:
+    (x, cached, state), _ = call
+    return f"chunk {'x'.join(map(str, x.shape))} after {len(cached)} cached frames"
 
 
 def save(model, vae, name: str, report: Report):
@@ -352,8 +359,13 @@ def load(model, vae, choice: str, compile_on_miss: bool, trust: bool, report: Re
         except ValueError as error:
             report.add(f"VAE: {error}")
         else:
-            targets.append(("VAE", type(vrunner.module).__name__, vrunner.forwards["decode"].structure(),
-                            vrunner.family_here))
+            structures = set()
+            for op in vae_side.OPS:  # one structure for both (the autoencoder), or one per chunk module
+                structure = vrunner.forwards[op].structure()
+                if structure not in structures:
+                    structures.add(structure)
+                    targets.append(("VAE", type(vrunner.forwards[op].module).__name__, structure,
+                                    lambda signature, op=op, r=vrunner: r.family_here(signature, op)))
     if not targets:
         if engine is None:
             report.add("connect a MODEL and/or a VAE to load graphs for")
@@ -451,7 +463,8 @@ def _load_one(where: GraphStore, name: str, targets, trust: bool, report: Report
     family = stored.manifest.key.family
     if family.structure in skip:
         return  # a block graph of the model: its block engine loaded it
-    target = next((t for t in targets if t[1] == family.architecture), targets[0])
+    target = next((t for t in targets if t[2] == family.structure),
+                  next((t for t in targets if t[1] == family.architecture), targets[0]))
     what, _, structure, family_here = target
     library = GraphLibrary(where, runtime.registry())
     wanted = family_here(family.signature)

@@ -18,6 +18,7 @@ import torch
 
 from ..compiler import CompiledForward, CompileOptions, ShapeRange
 from ..compiler.backends.base import portable_forward
+from ..compiler.cached_steps import ChunkServer, chunk_server, example_frames, takes_feature_cache
 from ..compiler.keys import FamilyKey
 from ..compiler.structure import architecture_name
 from . import runtime
@@ -27,6 +28,9 @@ from .unet import Settings
 
 RUNNER_ATTRIBUTE = "_keepfast_runner"
 OPS = ("decode", "encode")
+# Video VAEs that run chunk by chunk with a feature cache (Wan 2.1/2.2, Qwen-Image): the submodule each op
+# calls per chunk, served by compiler/cached_steps.py.
+CHUNK_MODULES = {"decode": "decoder", "encode": "encoder"}
 
 
 @portable_forward
@@ -53,8 +57,15 @@ class VaeRunner:
         self.dtype = vae.vae_dtype
         self.device = vae.device
         self.latent_dim = getattr(vae, "latent_dim", 2)
+        self.chunks: Dict[str, ChunkServer] = {}
+        for op, name in CHUNK_MODULES.items():
+            part = getattr(self.module, name, None)
+            if takes_feature_cache(part):
+                self.chunks[op] = chunk_server(part, self.options(op).with_(
+                    label=f"VAE {op} chunk ({architecture_name(self.module)})"), runtime.registry())
         self.forwards: Dict[str, CompiledForward] = {
-            op: CompiledForward(self.module, self.options(op), runtime.registry(), forward_fn=_vae_forward)
+            op: self.chunks[op].forward if op in self.chunks else
+            CompiledForward(self.module, self.options(op), runtime.registry(), forward_fn=_vae_forward)
             for op in OPS
         }
 
@@ -78,8 +89,14 @@ class VaeRunner:
     def run(self, op: str, sample: torch.Tensor, **options):
         """Serve one decode or encode; the autoencoder's own method is what runs when no graph can."""
         method = getattr(self.module, op)
+        if op in self.chunks:  # the autoencoder's own loop over chunks, each chunk served by a graph
+            with self.chunks[op].active():
+                return method(sample, **options)
         reason = None
-        if options:
+        if self.latent_dim == 3:
+            reason = (f"{type(self.module).__name__} is a video VAE that KeepFast does not serve yet (it serves "
+                      "Wan's, chunk by chunk); its frames would be read as a spatial side")
+        elif options:
             reason = f"{op} was called with options {sorted(options)}"
         elif not isinstance(sample, torch.Tensor):
             reason = f"{op} was called with a {type(sample).__name__}"
@@ -88,6 +105,8 @@ class VaeRunner:
         return served.output
 
     def example_calls(self, op: str, sizes: List[Tuple[int, int]], batches: List[int]) -> List[Tuple[tuple, dict]]:
+        if op in self.chunks:
+            return self._chunk_calls(op, sizes, batches)
         if self.latent_dim != 2:
             return []
         shape_range = self.shape_range(op)
@@ -103,9 +122,28 @@ class VaeRunner:
                 calls.append(((op, torch.randn(shape, dtype=self.dtype, device=self.device)), {}))
         return calls
 
-    def family_here(self, signature: str) -> FamilyKey:
-        """The key a graph needs to serve this VAE: the forward's own key path."""
-        return self.forwards["decode"].expected_family(signature)
+    def _chunk_calls(self, op: str, sizes: List[Tuple[int, int]], batches: List[int]) -> List[Tuple[tuple, dict]]:
+        """The chunk calls an example video makes (one per cache state and shape), from one eager run each."""
+        shape_range = self.shape_range(op)
+        frames = example_frames(op == "decode")
+        calls: List[Tuple[tuple, dict]] = []
+        for width, height in sizes:
+            for batch in batches:
+                b = clamp(batch, shape_range.batch)
+                h, w = max(1, height // self.scale), max(1, width // self.scale)
+                if op == "decode":
+                    shape = (b, self.latent_channels, frames, h, w)
+                else:
+                    shape = (b, self.image_channels, frames, h * self.scale, w * self.scale)
+                sample = torch.randn(shape, dtype=self.dtype, device=self.device)
+                with torch.no_grad(), self.chunks[op].capturing() as found:
+                    getattr(self.module, op)(sample)
+                calls += found
+        return calls
+
+    def family_here(self, signature: str, op: str = "decode") -> FamilyKey:
+        """The key a graph needs to serve this VAE's `op`: the forward's own key path."""
+        return self.forwards[op].expected_family(signature)
 
 
 def _spatial_scale(vae) -> int:

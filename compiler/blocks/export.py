@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..backends.aot import AotGraph, _guards_from, build_package
+from ..quiet import third_party_quiet
 from ..backends.base import CompileFailed, PackageInfo
 from ..flat_module import FlatForward, dump_out_spec
 from ..keys import GraphKey
@@ -112,7 +113,8 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
     if out_spec is None:
         raise CompileFailed("the block's output structure cannot be saved")
     progress("compiling with AOTInductor", 0.3)
-    package, names, needs = build_package(program, progress)
+    with third_party_quiet():
+        package, names, needs = build_package(program, progress)
 
     def build(guard_list: List[str]) -> AotGraph:
         info = PackageInfo(guards=list(guard_list), out_spec=out_spec, input_paths=call.tensor_paths,

@@ -1,0 +1,100 @@
+"""ComfyUI's Wan 2.1 VAE (a video VAE that decodes one latent frame at a time with a feature cache) through
+VAE Speedup; run by test_comfyui_video_vae.py.
+
+    python kf_video_vae.py PACK_DIR BASE_DIR first|restart
+
+A tiny Wan 2.1 VAE (ComfyUI's own `comfy.sd.VAE`, detected from a state dict
+of `comfy.ldm.wan.vae.WanVAE` with 8 base channels, random weights).
+`first` (an empty graphs folder): VAE Speedup, then Save Graph before any
+video (the chunk graphs of an example video), then decodes and encodes at two
+frame counts and two sizes, each against the same VAE
+without the node. `restart` (a new process, other weights, the graphs folder
+`first` wrote): Load Graph, then other frame counts and sizes. Prints one JSON
+object of findings after "KEEPFAST-RESULT ".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from kf_inprocess import load_pack  # noqa: E402  (this script's folder is on sys.path)
+
+SPEEDUP = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, backend="aot")
+# (op, width, height, batch, frames): latent frames to decode, pixel frames to encode (Wan: 1 + 4k); one video
+# at a time, as video workflows decode (a batch of 2 builds its own chunk graphs: tests/test_video_vae.py).
+FIRST = [("decode", 128, 128, 1, 3), ("decode", 192, 128, 1, 5), ("decode", 128, 192, 1, 2),
+         ("encode", 128, 128, 1, 9), ("encode", 192, 128, 1, 5), ("encode", 128, 192, 1, 13)]
+RESTART = [("decode", 160, 128, 1, 4), ("decode", 128, 128, 1, 1), ("encode", 160, 128, 1, 9)]
+
+
+def main(pack: str, base: str, phase: str) -> dict:
+    sys.path.insert(0, os.environ["COMFYUI_PATH"])
+    import comfy.cli_args
+
+    comfy.cli_args.args.cpu = True
+    comfy.cli_args.args.base_directory = base
+    import torch
+
+    name, nodes = load_pack(pack)
+    runtime = sys.modules[name + ".nodes.runtime"]
+    import comfy.ldm.wan.vae
+    import comfy.sd
+
+    torch.manual_seed(0 if phase == "first" else 5)
+    source = comfy.ldm.wan.vae.WanVAE(dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                                      temperal_downsample=[False, True, True])
+    for parameter in source.parameters():  # random weights with outputs of a useful size
+        parameter.data.normal_(0.0, 0.05)
+    vae = comfy.sd.VAE(sd=source.state_dict())
+    registry = runtime.registry()
+
+    def counts() -> dict:
+        return {k: registry.log.counts.get(k, 0) for k in ("compile", "load", "fallback", "refused", "mismatch")}
+
+    def delta(before: dict) -> dict:
+        now = counts()
+        return {k: now[k] - before[k] for k in now}
+
+    def sweep(fast, calls) -> list:
+        rows = []
+        for op, width, height, batch, frames in calls:
+            torch.manual_seed(width + height + batch + frames)
+            if op == "decode":
+                sample = torch.randn(batch, 16, frames, height // 8, width // 8)
+            else:
+                sample = torch.rand(frames, height, width, 3)  # ComfyUI's IMAGE: the frames of one video
+            before = counts()
+            mark = len(registry.events)
+            got = getattr(fast, op)(sample)
+            want = getattr(vae, op)(sample)
+            rows.append({"op": op, "call": [width, height, batch, frames], "shape": list(got.shape),
+                         "want_shape": list(want.shape), "diff": float((got - want).abs().max()),
+                         "scale": float(want.abs().max()), "events": delta(before),
+                         "reasons": [e.reason for e in registry.events[mark:] if e.kind in ("compile", "fallback")]})
+        return rows
+
+    out = {"phase": phase, "latent_dim": vae.latent_dim, "model": type(vae.first_stage_model).__name__}
+    if phase == "first":
+        fast = nodes["KeepFastVAESpeedup"].execute(vae=vae, **SPEEDUP).args[0]
+        before = counts()
+        saved = nodes["KeepFastSaveGraph"].execute(name="wan-vae", vae=fast).args
+        out["save_report"] = saved[2]
+        out["save_events"] = delta(before)
+        out["files"] = sorted(os.path.relpath(os.path.join(d, f), base) for d, _, fs in os.walk(base)
+                              for f in fs if f.endswith(".json") and "graphs" in d)
+        out["rows"] = sweep(fast, FIRST)
+    else:
+        before = counts()
+        loaded = nodes["KeepFastLoadGraph"].execute(graph="(every stored graph that fits)", compile_if_missing=False,
+                                                    trust_graph=False, vae=vae).args
+        out["load_report"] = loaded[2]
+        out["load_events"] = delta(before)
+        out["rows"] = sweep(loaded[1], RESTART)
+    out["counts"] = counts()
+    return out
+
+
+if __name__ == "__main__":
+    print("KEEPFAST-RESULT " + json.dumps(main(*sys.argv[1:4])))
