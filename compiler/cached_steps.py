@@ -11,7 +11,7 @@ not: the chunk's shapes are the same at every frame count, and only the state
 of the cache differs (the first chunk, the second, then every later one).
 
 So each chunk call is one call of a `CompiledForward` over
-`_chunk(module, x, cached, state)`: `cached` holds the cache's tensors,
+`chunk(module, x, cached, state)`: `cached` holds the cache's tensors,
 `state` (a constant, so part of the graph's key) says which slots are empty,
 "Rep" or a tensor. The graph returns the chunk's output and the new cache,
 with the two markers as empty tensors of rank 1 (empty) and 2 ("Rep"), which
@@ -33,6 +33,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from .compiled_forward import CompiledForward, CompileOptions, Served
+from .flat_module import ForwardFn
 from .registry import GraphRegistry
 from .shapes import BATCH, SPATIAL
 
@@ -85,8 +86,12 @@ def _marker(entry: Any, like: torch.Tensor) -> torch.Tensor:
     raise TypeError(f"a chunk left a {type(entry).__name__} in its feature cache")
 
 
-def _chunk(module: torch.nn.Module, x: torch.Tensor, cached: Tuple[torch.Tensor, ...], state: str, **options):
-    """What a graph computes: one chunk through the module's own forward, on a cache rebuilt from `state`."""
+def chunk(module: torch.nn.Module, x: torch.Tensor, cached: Tuple[torch.Tensor, ...], state: str, **options):
+    """What a graph computes: one chunk through the module's own forward, on a cache rebuilt from `state`.
+
+    A caller whose module needs something changed while it is traced (ComfyUI's VAE attention, which
+    slices by free memory) passes ChunkServer its own function that wraps this one.
+    """
     cache = _rebuild(state, cached)
     out = type(module).forward(module, x, feat_cache=cache, feat_idx=[0], **options)
     return out, tuple(_marker(entry, x) for entry in cache)
@@ -135,9 +140,11 @@ class ChunkServer:
     submodules with the original).
     """
 
-    def __init__(self, module: torch.nn.Module, options: CompileOptions, registry: GraphRegistry):
+    def __init__(self, module: torch.nn.Module, options: CompileOptions, registry: GraphRegistry,
+                 traced: ForwardFn = chunk):
         self.module = module
-        self.forward = CompiledForward(module, chunk_options(options), registry, forward_fn=_chunk)
+        # `traced` is what graphs compute; eager runs `chunk` itself (the model's own choices, e.g. attention)
+        self.forward = CompiledForward(module, chunk_options(options), registry, forward_fn=traced)
         self.depth = 0
         self.always = False
         self.capture: Optional[List[Tuple[tuple, dict]]] = None
@@ -182,9 +189,9 @@ class ChunkServer:
         if self.capture is not None:
             if not any(_same_call(args, options, seen) for seen in self.capture):
                 self.capture.append(((x.clone(), tuple(t.clone() for t in cached), state), dict(options)))
-            out, markers = _chunk(self.module, x, cached, state, **options)
+            out, markers = chunk(self.module, x, cached, state, **options)
         else:
-            served = self.forward.serve(args, options, eager=lambda *a, **k: _chunk(self.module, *a, **k))
+            served = self.forward.serve(args, options, eager=lambda *a, **k: chunk(self.module, *a, **k))
             self.last = served
             out, markers = served.output
         # `feat_idx` is the forward's cursor into the cache: every caller (ComfyUI's Wan VAEs, diffusers'
@@ -194,7 +201,7 @@ class ChunkServer:
 
 
 def chunk_server(module: torch.nn.Module, options: CompileOptions, registry: GraphRegistry,
-                 always: bool = False) -> ChunkServer:
+                 always: bool = False, traced: ForwardFn = chunk) -> ChunkServer:
     """The one server installed on `module` (made, or the installed one with these options).
 
     `always`: serve every call (diffusers: the pipeline owns the VAE), not only inside `active()`
@@ -202,7 +209,7 @@ def chunk_server(module: torch.nn.Module, options: CompileOptions, registry: Gra
     """
     server = installed_chunk_server(module)
     if server is None or server.forward.registry is not registry:
-        server = ChunkServer(module, options, registry)
+        server = ChunkServer(module, options, registry, traced)
         server.install()
     else:
         server.forward.options = chunk_options(options)

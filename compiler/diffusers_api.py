@@ -12,7 +12,7 @@ bfloat16 img2img pipeline decodes in bfloat16), because dtype is part of the key
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -122,7 +122,7 @@ def compile_pipe(
                 parts[target] = engine
             continue
         options = CompileOptions(
-            backend=backend, shape_range=shape_range, store=store, autosave=autosave,
+            backend=backend, shape_range=target_range(pipe, target, shape_range), store=store, autosave=autosave,
             compile_on_miss=compile_on_miss, label=target, verify=verify,
         )
         if takes_feature_cache(module):  # a video VAE (AutoencoderKLWan): served chunk by chunk
@@ -168,9 +168,33 @@ def example_calls(pipe, target: str, shape_range: ShapeRange, batch: int = 2,
         channels = vae.config.latent_channels
         return [((torch.randn(1, channels, side, side, **options),), {})]
     if target == "vae.encoder":
-        scale = 2 ** (len(vae.config.block_out_channels) - 1)
+        scale = vae_scale(vae)
         return [((torch.randn(1, vae.config.in_channels, side * scale, side * scale, **options),), {})]
     raise ValueError(f"unknown target {target!r}")
+
+
+def vae_scale(vae) -> int:
+    """Image pixels per latent pixel."""
+    ratio = getattr(vae, "spatial_compression_ratio", None)
+    return int(ratio) if isinstance(ratio, int) and ratio > 0 else 2 ** (len(vae.config.block_out_channels) - 1)
+
+
+def target_range(pipe, target: str, declared: ShapeRange) -> ShapeRange:
+    """The range a target's graphs serve: the declared one (latent pixels), in image pixels for the encoder."""
+    if target != "vae.encoder":
+        return declared
+    scale = vae_scale(pipe.vae)
+    low, high = declared.spatial
+    return replace(declared, spatial=(low * scale, high * scale))
+
+
+def declared_range(pipe, target: str, served: ShapeRange) -> ShapeRange:
+    """The declared range (latent pixels) a target's served range came from (`target_range` undone)."""
+    if target != "vae.encoder":
+        return served
+    scale = vae_scale(pipe.vae)
+    low, high = served.spatial
+    return replace(served, spatial=(max(1, low // scale), max(1, high // scale)))
 
 
 def _chunk_calls(vae, target: str, server: ChunkServer, batch: int, side: int, options: dict):
@@ -179,7 +203,7 @@ def _chunk_calls(vae, target: str, server: ChunkServer, batch: int, side: int, o
         if target == "vae.decoder":
             vae.decode(torch.randn(batch, vae.config.z_dim, example_frames(True), side, side, **options))
         else:
-            scale = vae.spatial_compression_ratio
+            scale = vae_scale(vae)
             vae.encode(torch.randn(batch, 3, example_frames(False), side * scale, side * scale, **options))
     return found
 
@@ -227,7 +251,8 @@ def save_pipe(
     for target, compiled in parts.items():
         if target in set(ignores):
             continue
-        compiled.options = compiled.options.with_(store=store, **({"shape_range": shape_range} if shape_range else {}))
+        compiled.options = compiled.options.with_(
+            store=store, **({"shape_range": target_range(pipe, target, shape_range)} if shape_range else {}))
         if isinstance(compiled, BlockEngine):
             saved, problems = compiled.save(store)
             report.saved += [f"{target}: {line}" for line in saved]
@@ -244,7 +269,7 @@ def _save_target(pipe, target, compiled: CompiledForward, store: GraphStore, dty
     if dtype != original:
         module.to(dtype)
     try:
-        calls = example_calls(pipe, target, compiled.options.shape_range)
+        calls = example_calls(pipe, target, declared_range(pipe, target, compiled.options.shape_range))
         with torch.no_grad():
             results = compiled.warmup(calls)
         problems = [result.describe() for result in results if result.eager]

@@ -18,7 +18,7 @@ import torch
 
 from ..compiler import CompiledForward, CompileOptions, ShapeRange
 from ..compiler.backends.base import portable_forward
-from ..compiler.cached_steps import ChunkServer, chunk_server, example_frames, takes_feature_cache
+from ..compiler.cached_steps import ChunkServer, chunk, chunk_server, example_frames, takes_feature_cache
 from ..compiler.keys import FamilyKey
 from ..compiler.structure import architecture_name
 from . import runtime
@@ -47,6 +47,12 @@ def _vae_forward(module, op, sample):
         return getattr(module, op)(sample)
 
 
+def _vae_chunk(module, x, cached, state, **options):
+    """What a chunk graph of a video VAE computes: the chunk with split attention traced as pytorch attention."""
+    with graph_vae_attention(module):
+        return chunk(module, x, cached, state, **options)
+
+
 class VaeRunner:
     def __init__(self, vae, settings: Settings):
         self.settings = settings
@@ -62,7 +68,7 @@ class VaeRunner:
             part = getattr(self.module, name, None)
             if takes_feature_cache(part):
                 self.chunks[op] = chunk_server(part, self.options(op).with_(
-                    label=f"VAE {op} chunk ({architecture_name(self.module)})"), runtime.registry())
+                    label=f"VAE {op} chunk ({architecture_name(self.module)})"), runtime.registry(), traced=_vae_chunk)
         self.forwards: Dict[str, CompiledForward] = {
             op: self.chunks[op].forward if op in self.chunks else
             CompiledForward(self.module, self.options(op), runtime.registry(), forward_fn=_vae_forward)

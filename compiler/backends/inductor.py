@@ -28,7 +28,7 @@ import itertools
 import sys
 import threading
 import types
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.utils._pytree as pytree

@@ -91,7 +91,7 @@ def _run_demo(out: Path, steps: int, load_check: bool) -> int:
     print("2/5 compiling the UNet and VAE decoder on the first image ...", flush=True)
     compile_pipe(pipe, shape_range=RANGE, ignores=IGNORES, graphs_dir=graphs)
     started = time.perf_counter()
-    first = _generate(pipe, *SIZES[0], BATCHES[0], steps)
+    _generate(pipe, *SIZES[0], BATCHES[0], steps)
     first_image_s = time.perf_counter() - started
     compiles_first = len(registry.compiles)
     cold_compile_s = sum(e.seconds for e in registry.compiles)

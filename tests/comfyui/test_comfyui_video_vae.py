@@ -62,7 +62,7 @@ def test_save_graph_before_any_video_builds_one_graph_per_cache_state_and_operat
 def test_frame_counts_and_sizes_compile_nothing_and_equal_eager(runs):
     first, _ = runs
     for row in first["rows"]:
-        assert row["events"]["compile"] == 0 and row["events"]["fallback"] == 0, row
+        assert row["events"]["compile"] == 0 and row["events"]["fallback"] == 0, (row["reasons"], row)
         assert row["events"]["mismatch"] == 0, row
         assert row["shape"] == row["want_shape"] and row["diff"] < TOLERANCE, row
 
@@ -72,5 +72,5 @@ def test_a_restart_loads_the_chunk_graphs_and_compiles_nothing(runs):
     assert restart["load_events"]["compile"] == 0, restart["load_report"]
     assert restart["load_events"]["load"] == 2 * CACHE_STATES, restart["load_report"]
     for row in restart["rows"]:
-        assert row["events"]["compile"] == 0 and row["events"]["fallback"] == 0, row
+        assert row["events"]["compile"] == 0 and row["events"]["fallback"] == 0, (row["reasons"], row)
         assert row["shape"] == row["want_shape"] and row["diff"] < TOLERANCE, row

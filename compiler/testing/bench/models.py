@@ -23,7 +23,7 @@ module to build its parser).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 Shape = Tuple[int, int, int]  # (batch, latent height, latent width)
 

@@ -42,7 +42,6 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
-from .models import VARIANTS
 
 
 _T0 = time.perf_counter()
