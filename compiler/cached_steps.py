@@ -32,7 +32,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from .compiled_forward import CompiledForward, CompileOptions, Served
+from .compiled_forward import CompiledForward, CompileOptions
 from .flat_module import ForwardFn
 from .registry import GraphRegistry
 from .shapes import BATCH, SPATIAL
@@ -148,7 +148,6 @@ class ChunkServer:
         self.depth = 0
         self.always = False
         self.capture: Optional[List[Tuple[tuple, dict]]] = None
-        self.last: Optional[Served] = None
 
     def install(self) -> None:
         self.module.forward = self
@@ -168,18 +167,17 @@ class ChunkServer:
     @contextlib.contextmanager
     def capturing(self) -> Iterator[List[Tuple[tuple, dict]]]:
         """Run eagerly and record one example call per chunk state and shape (for Save Graph and warmup)."""
-        self.capture, found = [], []
+        found = self.capture = []
         try:
             with self.active():
                 yield found
         finally:
-            found.extend(self.capture)
             self.capture = None
 
     def __call__(self, x, feat_cache=None, feat_idx=None, **options):
         own = type(self.module).forward
         index = feat_idx if feat_idx is not None else [0]
-        if not self.depth or feat_cache is None or not isinstance(x, torch.Tensor):
+        if not (self.always or self.depth) or feat_cache is None or not isinstance(x, torch.Tensor):
             return own(self.module, x, feat_cache=feat_cache, feat_idx=index, **options)
         state = state_of(feat_cache)
         if state is None:
@@ -192,7 +190,6 @@ class ChunkServer:
             out, markers = chunk(self.module, x, cached, state, **options)
         else:
             served = self.forward.serve(args, options, eager=lambda *a, **k: chunk(self.module, *a, **k))
-            self.last = served
             out, markers = served.output
         # `feat_idx` is the forward's cursor into the cache: every caller (ComfyUI's Wan VAEs, diffusers'
         # AutoencoderKLWan) passes a fresh [0] per chunk and never reads it back, so a graph leaves it alone.
@@ -213,8 +210,7 @@ def chunk_server(module: torch.nn.Module, options: CompileOptions, registry: Gra
         server.install()
     else:
         server.forward.options = chunk_options(options)
-    if always and not server.always:
-        server.always, server.depth = True, server.depth + 1
+    server.always = server.always or always
     return server
 
 
