@@ -250,7 +250,9 @@ class CompiledForward:
             copies = snapshot(args, kwargs) if self.options.verify and verdict is None else None
             try:
                 with stage(f"running graph {graph.key.id}"):
+                    started = time.perf_counter()
                     output = graph.run(self.module, call)
+                    self._timed("graph", started)
             except GraphMismatch as mismatch:  # the graph now knows; try the next one
                 why = str(mismatch)
                 continue
@@ -265,13 +267,19 @@ class CompiledForward:
         if self.last is None or self.last.reason != reason:  # recorded once per change of reason
             self.registry.record(FALLBACK, family or "-", f"{self.label}: {reason}; running eager")
             log.info("%s runs eager: %s", self.label, reason)
+        started = time.perf_counter()
         served = Served(run_eager(), reason=reason)
+        self._timed("eager", started)
         self.last = served
         return served
 
     def _count(self, outcome: str) -> None:
         if self.options.counter:
             self.registry.log.count(f"{self.options.counter}.{outcome}")
+
+    def _timed(self, outcome: str, started: float) -> None:
+        if self.options.counter:
+            self.registry.log.add_time(f"{self.options.counter}.{outcome}", time.perf_counter() - started)
 
     # -- getting a graph ------------------------------------------------------
     def obtain(self, family: FamilyKey, call: FlatCall, why: Optional[str] = None,

@@ -68,6 +68,7 @@ class EventLog:
         with self._lock:
             self.events: List[Event] = []
             self.counts: Counter = Counter()
+            self.seconds: Counter = Counter()
 
     def record(self, kind: str, family: FamilyKey | str, reason: str, **fields) -> Event:
         family_id = family.id if isinstance(family, FamilyKey) else family
@@ -89,6 +90,12 @@ class EventLog:
         """Count something too frequent to log one event each (calls served, calls run eagerly)."""
         with self._lock:
             self.counts[name] += amount
+
+    def add_time(self, name: str, seconds: float) -> None:
+        """Wall time spent in something counted (graph calls, eager calls, whole model calls): the shares
+        the reports give. Host time: on a GPU, kernels still running when a call returns are not in it."""
+        with self._lock:
+            self.seconds[name] += seconds
 
     def of_kind(self, kind: str) -> List[Event]:
         with self._lock:

@@ -494,6 +494,8 @@ def stats_text() -> str:
     data = runtime.stats()
     recent = [m for m in data["messages"] if m.get("kind") != "progress"][-20:]
     lines = [f"{k}: {v}" for k, v in data["counts"].items()]
+    if data["time_served"]:
+        lines.append(data["time_served"])
     lines.append(f"graphs folders: {', '.join(data['graphs_folders'])}")
     if data["compile_unavailable"]:
         lines.append(f"compiling unavailable: {data['compile_unavailable']}")

@@ -20,6 +20,7 @@ from ..compiler import DEFAULT_BACKEND, GraphRegistry, TrustList, backend_names,
 from ..compiler.manifest import MANIFEST_SUFFIX
 from ..compiler.registry import COMPILE, EVICT, FALLBACK, LOAD, MISMATCH, PROGRESS, REFUSED, Event
 from ..compiler.store import MultiRootStore
+from ..compiler.time_share import TimeShare
 
 log = logging.getLogger("keepfast")
 
@@ -210,6 +211,7 @@ def stats() -> dict:
     reg = registry()
     summary = reg.stats()
     counts = summary["counts"]
+    share = TimeShare.from_seconds(reg.log.seconds)
     return {
         "counts": {
             "compiles": counts.get(COMPILE, 0),
@@ -224,7 +226,11 @@ def stats() -> dict:
             "unet_eager_calls": counts.get("unet.eager", 0),
             "vae_graph_calls": counts.get("vae.graph", 0),
             "vae_eager_calls": counts.get("vae.eager", 0),
+            "block_graph_calls": counts.get("blocks.graph", 0),
+            "block_eager_calls": counts.get("blocks.eager", 0),
         },
+        "time": share.to_json(),
+        "time_served": share.describe(),
         "graphs": summary["graphs"],
         "messages": [event.to_json() for event in reg.log.events[-100:]],
         "graphs_folders": graphs_folders() if _state["setup"] else [],

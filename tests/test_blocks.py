@@ -101,6 +101,21 @@ def test_sweep_runs_compiled_with_no_compile_and_no_fallback(served):
     assert worst < TOLERANCE
 
 
+def test_the_time_served_from_graphs_is_measured(served):
+    """A call whose blocks all run from graphs: block time is graph time, what else the model call took is glue."""
+    from compiler.time_share import TimeShare
+
+    before = TimeShare.from_seconds(served.registry.log.seconds)
+    with torch.no_grad():
+        tt.call(served.model, tt.FIRST)
+    after = TimeShare.from_seconds(served.registry.log.seconds)
+    graph, model = after.blocks_graph_s - before.blocks_graph_s, after.blocks_model_s - before.blocks_model_s
+    assert after.blocks_eager_s == before.blocks_eager_s
+    assert 0 < graph < model
+    assert 0 < after.model_compiled < 1 and after.glue_s > 0
+    assert after.describe().startswith("time served: diffusion model "), after.describe()
+
+
 def test_graphs_were_saved_as_they_compiled(served):
     packages = sorted(served.graphs.rglob("*.pt2"))
     manifests = [json.loads(p.read_text()) for p in served.graphs.rglob("*.json")]

@@ -60,10 +60,16 @@ def _torch_at_least(version: tuple) -> bool:
 
 @contextlib.contextmanager
 def _export_settings():
-    """Keep size-1 dims and equal-sized dims symbolic while tracing."""
+    """Keep equal-sized dims apart while tracing, and record every guard the trace relies on.
+
+    No size is traced at 1 where it can move (`trace()` widens it to 2 or pins it), so size-oblivious
+    tracing is not needed, and it is wrong to use: it assumes a size is never 1 without recording a
+    guard, so a graph traced at 2 accepted 1 and computed for 2 (ComfyUI's TAESD decoder returned two
+    images for one, caught by the first-use check). Traced honestly, such a graph says it serves 2 and up.
+    """
     import torch.fx.experimental._config as fx_config
 
-    with fx_config.patch(backed_size_oblivious=True, use_duck_shape=False):
+    with fx_config.patch(backed_size_oblivious=False, use_duck_shape=False):
         yield
 
 

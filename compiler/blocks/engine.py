@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -243,9 +244,15 @@ class BlockEngine:
             return self.forward_fn(self.module, *args, **kwargs)
 
     def __call__(self, *args, **kwargs) -> Any:
-        if not self.prepared and not self.eager_now():
+        if self.eager_now():
+            return self.forward_fn(self.module, *args, **kwargs)
+        if not self.prepared:
             self.prepare()
-        return self.forward_fn(self.module, *args, **kwargs)
+        started = time.perf_counter()
+        try:
+            return self.forward_fn(self.module, *args, **kwargs)
+        finally:  # the whole model's call: what its blocks did not take is glue
+            self.registry.log.add_time("blocks.model", time.perf_counter() - started)
 
     def capture(self, server: BlockServer, instance: BlockInstance, args: tuple, kwargs: dict) -> Any:
         capture = self.capturing

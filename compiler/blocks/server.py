@@ -417,6 +417,15 @@ class BlockServer:
             return engine.capture(self, instance, args, kwargs)
         if engine.scoped and not engine.serving_now():
             return instance.eager(args, kwargs)  # a caller that did not ask for graphs
+        started, graph_calls = time.perf_counter(), instance.graph_calls
+        try:
+            return self._serve(instance, args, kwargs)
+        finally:
+            outcome = "graph" if instance.graph_calls > graph_calls else "eager"
+            engine.registry.log.add_time(f"blocks.{outcome}", time.perf_counter() - started)
+
+    def _serve(self, instance: BlockInstance, args: tuple, kwargs: dict) -> Any:
+        engine = self.engine
         if not self.ready:
             return self._eager(instance, self.reason or "no graph", args, kwargs)
         try:

@@ -161,6 +161,29 @@ def lora(checkpoint_path: str, path: str, seed: int = 123, rank: int = 4, magnit
     _save(out, path)
 
 
+def family_lora(family: str, path: str, seed: int = 123, rank: int = 4, magnitude: float = 0.5) -> None:
+    """A LoRA for a tiny family of comfy_families (the layout ComfyUI loads for DiTs: diffusion_model.<layer>
+    .lora_A/.lora_B), on every 2-D Linear weight of its repeated blocks."""
+    _comfy()
+    from .comfy_families import build
+
+    model = build(family).patcher.model.diffusion_model
+    generator = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or not any(part.isdigit() for part in name.split(".")):
+            continue
+        out_features, in_features = module.weight.shape
+        std = math.sqrt(magnitude / (math.sqrt(in_features) * math.sqrt(rank)))
+        out[f"diffusion_model.{name}.lora_B.weight"] = (torch.randn((out_features, rank), generator=generator)
+                                                        * std).half()
+        out[f"diffusion_model.{name}.lora_A.weight"] = (torch.randn((rank, in_features), generator=generator)
+                                                        * std).half()
+    if not out:
+        raise SystemExit(f"no LoRA target found in the tiny {family}")
+    _save(out, path)
+
+
 def controlnet(path: str, seed: int = 5) -> None:
     _comfy()
     import comfy.cldm.cldm
@@ -185,6 +208,41 @@ def image(path: str, size: int = 512, seed: int = 7) -> None:
     Image.fromarray((pixels * 255).astype(np.uint8)).save(path)
 
 
+VAE_KINDS = ("kl16", "wan21")
+
+
+def vae(path: str, kind: str, seed: int = 0) -> None:
+    """A VAE file ComfyUI's VAELoader detects, random weights.
+
+    kl16: the 16-channel KL autoencoder of Flux, SD3 and Z-Image ("ae.safetensors"); ComfyUI fixes its
+    widths (128 base channels, 84 M parameters), so it is full size. wan21: Wan 2.1's causal video VAE
+    (also Qwen-Image's), whose base width ComfyUI reads from the file: 8 channels here.
+    """
+    _comfy()
+    if kind == "kl16":
+        from comfy.ldm.models.autoencoder import AutoencodingEngine
+
+        params = {"double_z": True, "z_channels": 16, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,
+                  "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0}
+        model = AutoencodingEngine(
+            regularizer_config={"target": "comfy.ldm.models.autoencoder.DiagonalGaussianRegularizer"},
+            encoder_config={"target": "comfy.ldm.modules.diffusionmodules.model.Encoder", "params": params},
+            decoder_config={"target": "comfy.ldm.modules.diffusionmodules.model.Decoder", "params": params})
+        _init(model, seed)
+    elif kind == "wan21":
+        from comfy.ldm.wan.vae import WanVAE
+
+        torch.manual_seed(seed)
+        model = WanVAE(dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                       temperal_downsample=[False, True, True])
+        with torch.no_grad():
+            for parameter in model.parameters():  # random weights with outputs of a useful size
+                parameter.normal_(0.0, 0.05)
+    else:
+        raise ValueError("unknown VAE kind %r; known: %s" % (kind, ", ".join(VAE_KINDS)))
+    _save({k: v.float() for k, v in model.state_dict().items()}, path)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
@@ -198,6 +256,14 @@ def main(argv=None) -> None:
     p = sub.add_parser("controlnet")
     p.add_argument("path")
     p.add_argument("--seed", type=int, default=5)
+    p = sub.add_parser("family-lora")
+    p.add_argument("path")
+    p.add_argument("--family", required=True)
+    p.add_argument("--seed", type=int, default=123)
+    p = sub.add_parser("vae")
+    p.add_argument("path")
+    p.add_argument("--kind", choices=VAE_KINDS, required=True)
+    p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("image")
     p.add_argument("path")
     p.add_argument("--size", type=int, default=512)
@@ -209,6 +275,10 @@ def main(argv=None) -> None:
         lora(args.checkpoint, args.path, args.seed)
     elif args.what == "controlnet":
         controlnet(args.path, args.seed)
+    elif args.what == "family-lora":
+        family_lora(args.family, args.path, args.seed)
+    elif args.what == "vae":
+        vae(args.path, args.kind, args.seed)
     else:
         image(args.path, args.size, args.seed)
 

@@ -74,11 +74,16 @@ WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload", "animated_image_upload", "upload")
 
 
+def write_model(base: Path, *args) -> None:
+    """compiler/testing/comfy_models.py's command line in ComfyUI's Python (what, path, options)."""
+    subprocess.run([PYTHON, str(COMFY_MODELS), *map(str, args)], check=True,
+                   env={**os.environ, "COMFYUI_PATH": COMFYUI_PATH}, cwd=str(base))
+
+
 def build_models(base: Path) -> None:
     """Checkpoint, LoRA, ControlNet and input image where ComfyUI looks for them."""
     def run(*args):
-        subprocess.run([PYTHON, str(COMFY_MODELS), *map(str, args)], check=True,
-                       env={**os.environ, "COMFYUI_PATH": COMFYUI_PATH}, cwd=str(base))
+        write_model(base, *args)
 
     checkpoint = base / "models" / "checkpoints" / CHECKPOINT
     run("checkpoint", checkpoint, "--seed", 0)
@@ -254,6 +259,8 @@ class ComfyServer:
         out = []
         for node_id in sorted(entry["outputs"], key=_node_order):
             for image in entry["outputs"][node_id].get("images", []):
+                if not image["filename"].lower().endswith((".png", ".jpg", ".jpeg", ".webp")):
+                    continue  # SaveVideo lists its video file here too
                 path = self.base / image.get("type", "output") / image.get("subfolder", "") / image["filename"]
                 out.append(np.asarray(Image.open(path).convert("RGB")).astype(np.float32))
         return out
@@ -330,6 +337,8 @@ def ui_to_api(workflow: dict, object_info: dict) -> dict:
             if entry.get("link") is not None:
                 origin, slot = links[entry["link"]]
                 linked[entry["name"]] = [str(origin), slot]
+            elif "value" in entry:  # a subgraph's promoted widget, expanded by kf_templates.flatten
+                linked[entry["name"]] = entry["value"]
         values = list(node.get("widgets_values") or [])
         inputs: Dict[str, Any] = {}
         for name, spec_kind, options in _input_spec(object_info[kind]):
