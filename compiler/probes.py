@@ -134,6 +134,12 @@ def reshape_call(call: FlatCall, batch: int, height: int, width: int) -> FlatCal
     return FlatCall(args, kwargs, _same_roles(roles))
 
 
+def cloned(call: FlatCall) -> FlatCall:
+    """The same call on copies of its tensors (a run that may update inputs in place leaves `call` alone)."""
+    args, kwargs = call.rebuild([tensor.clone() for tensor in call.tensors])
+    return FlatCall(args, kwargs, _same_roles([t.dims for t in call.signature.tensors]))
+
+
 def _same_roles(roles: Sequence[Tuple]):
     lookup = iter(roles)
 

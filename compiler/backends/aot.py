@@ -27,7 +27,7 @@ import tempfile
 import threading
 import weakref
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -36,9 +36,10 @@ from .. import extraction, machine_fit
 from ..flat_module import MODULE_PREFIX, FlatForward, dump_out_spec, load_out_spec, module_tensors
 from ..guards import GuardSet, GuardSyntaxError, readable
 from ..keys import GraphKey
-from ..probes import pinned_example, trace_example
+from ..probes import cloned, pinned_example, trace_example
 from ..shapes import leaf_bounds
 from ..signature import FlatCall
+from ..verify import compare
 from .base import Backend, CompileFailed, CompiledGraph, PackageInfo, Progress, no_progress
 from .export_guards import exported_shapes, guard_texts
 
@@ -62,12 +63,11 @@ def _torch_at_least(version: tuple) -> bool:
 def _export_settings():
     """Keep size-1 dims and equal-sized dims symbolic while tracing.
 
-    Size-oblivious tracing assumes a size is never 1 without recording a guard. Most networks compute the
-    same at 1 (every test compares with eager), but not all: ComfyUI's TAESD decoder, traced at batch 2 for
-    a one-image decode, accepted batch 1 and returned two images; the first-use check catches it (those
-    shapes run eager, a mismatch is recorded), and tests/test_size_one.py keeps it in view. Tracing
-    honestly instead (backed_size_oblivious=False) is right for TAESD but splits every SD UNet's range at
-    batch 1 and sequence 1 (a graph more per split); that trade is open.
+    Size-oblivious tracing assumes a size is never 1 without recording a guard, so one graph serves 1 and
+    up. Most networks compute the same at 1, not all (ComfyUI's TAESD decoder traced at batch 2 returned
+    two images for one): `AotBackend.compile` runs a graph traced at 2 once at the call's own size of 1
+    and traces the call as it is where they differ. Tracing honestly (backed_size_oblivious=False) would
+    split every SD UNet's range at batch 1 and at sequence 1, a graph more for each.
     """
     import torch.fx.experimental._config as fx_config
 
@@ -112,24 +112,31 @@ def export_program(module, forward_fn, call: FlatCall, shape_range) -> tuple:
     return ep, flat
 
 
-def trace(module, forward_fn, call: FlatCall, shape_range) -> tuple:
-    """(exported program, its FlatForward, its guards) for `call`, traced with no dynamic size of 1.
+class Traced(NamedTuple):
+    ep: Any  # torch.export.ExportedProgram
+    flat: FlatForward
+    guards: List[str]
+    widened: str  # the sizes of 1 of the call that were traced at 2 ("" if none)
+
+
+def trace(module, forward_fn, call: FlatCall, shape_range, widen: bool = True) -> Traced:
+    """`call` traced with no dynamic size of 1 (unless `widen` is False).
 
     The example is `probes.trace_example(call)`: each size of 1 that can move
     is traced at 2, and the graph must still serve `call` itself by its
-    guards. Where it does not, or the widened call does not export, the call
-    is traced as it is with its sizes of 1 pinned (the graph then serves 1
-    there only, which is what it computes right).
+    guards. Where it does not, or the widened call does not export, or
+    `widen` is False, the call is traced as it is with its sizes of 1 pinned
+    (the graph then serves 1 there only, which is what it computes right).
     """
     bounds = leaf_bounds(call.shapes, [t.dims for t in call.signature.tensors], shape_range)
-    example = trace_example(call, bounds)
+    example = trace_example(call, bounds) if widen else pinned_example(call, bounds)
     if example.widened:
         try:
             ep, flat = export_program(module, forward_fn, example.call, shape_range)
             guards = _guards_from(ep, example.call) + example.pin_guards()
             failed = GuardSet(guards).first_failure(call.shapes)
             if failed is None:
-                return ep, flat, guards
+                return Traced(ep, flat, guards, example.describe(call.tensor_paths))
             why = "its guard " + readable(failed, call.tensor_paths) + " rejects the call"
         except CompileFailed as error:
             why = str(error)
@@ -137,7 +144,21 @@ def trace(module, forward_fn, call: FlatCall, shape_range) -> tuple:
                  "serving 1 there only", example.describe(call.tensor_paths), why)
         example = pinned_example(call, bounds)
     ep, flat = export_program(module, forward_fn, example.call, shape_range)
-    return ep, flat, _guards_from(ep, example.call) + example.pin_guards()
+    return Traced(ep, flat, _guards_from(ep, example.call) + example.pin_guards(), "")
+
+
+def size_one_disagreement(graph: "AotGraph", module, flat: FlatForward, call: FlatCall) -> Optional[str]:
+    """How a graph traced at 2 disagrees with the model at the call's own size of 1 (None: it agrees).
+
+    Tracing is size-oblivious (`_export_settings`), so nothing in the graph's
+    guards says whether it computes right at 1: run it there once, and the
+    model, each on copies of the call's tensors, and compare.
+    """
+    with torch.no_grad():
+        reference = flat(list(cloned(call).tensors))
+        output = pytree.tree_leaves(graph.run(module, cloned(call)))
+    agreement = compare(output, list(reference))
+    return None if agreement.ok else agreement.describe()
 
 
 class AotGraph(CompiledGraph):
@@ -299,17 +320,30 @@ class AotBackend(Backend):
     def compile(self, module, forward_fn, call: FlatCall, key: GraphKey,
                 progress: Progress = no_progress) -> AotGraph:
         progress("tracing with torch.export", 0.05)
-        ep, flat, guards = trace(module, forward_fn, call, key.shape_range)
-        if flat.out_spec is None:
+        traced = trace(module, forward_fn, call, key.shape_range)
+        graph = self._build(traced, call, key, progress)
+        if traced.widened:
+            disagreement = size_one_disagreement(graph, module, traced.flat, call)
+            if disagreement is not None:
+                # The graph serves 2 and up right (its guards say so); 1 needs a graph of its own.
+                log.info("%s: traced at 2 where %s is 1, the graph computes differently at 1 (%s); tracing it as "
+                         "it is, serving 1 there only", key.family.architecture, traced.widened, disagreement)
+                progress("tracing again at the call's own sizes", 0.6)
+                graph = self._build(trace(module, forward_fn, call, key.shape_range, widen=False), call, key,
+                                    progress)
+        return graph
+
+    def _build(self, traced: Traced, call: FlatCall, key: GraphKey, progress: Progress) -> AotGraph:
+        if traced.flat.out_spec is None:
             raise CompileFailed("the model's output structure was not seen while tracing")
         info = PackageInfo(
-            guards=guards,
-            out_spec=dump_out_spec(flat.out_spec),
+            guards=traced.guards,
+            out_spec=dump_out_spec(traced.flat.out_spec),
             input_paths=call.tensor_paths,
         )
         progress("compiling with AOTInductor", 0.3)
-        package, info.constant_names, info.needs = build_package(ep, progress)
-        return AotGraph(key.with_variant(guards), package, info, origin="compiled")
+        package, info.constant_names, info.needs = build_package(traced.ep, progress)
+        return AotGraph(key.with_variant(traced.guards), package, info, origin="compiled")
 
     def load_bytes(self, package_bytes: bytes, key: GraphKey, info: PackageInfo) -> AotGraph:
         return AotGraph(key, package_bytes, info, origin="loaded")
