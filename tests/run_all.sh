@@ -8,7 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -r requirements.txt -r requirements-dev.txt
-.venv/bin/python -m pytest "$@"
+# Two workers, a test file each at a time (a file's compiled fixtures stay in one process): a test mostly
+# keeps one core busy (tracing, code generation and g++ are single-threaded), so two workers use both.
+.venv/bin/python -m pytest -n "${KEEPFAST_TEST_WORKERS:-2}" --dist loadfile "$@"
 if [ "${KEEPFAST_SKIP_ONEFLOW:-0}" != "1" ]; then
   eval "$(.ci/setup_oneflow.sh)"
   KEEPFAST_REQUIRE_ONEFLOW=1 "$ONEFLOW_ENV/bin/python" -m pytest tests/oneflow -m oneflow
