@@ -34,7 +34,7 @@ import torch.utils._pytree as pytree
 
 from .. import extraction, machine_fit
 from ..flat_module import MODULE_PREFIX, FlatForward, dump_out_spec, load_out_spec, module_tensors
-from ..guards import GuardSet, GuardSyntaxError, readable
+from ..guards import GuardSet, GuardSyntaxError, readable, size_ref
 from ..keys import GraphKey
 from ..probes import cloned, pinned_example, trace_example
 from ..shapes import leaf_bounds
@@ -148,17 +148,48 @@ def trace(module, forward_fn, call: FlatCall, shape_range, widen: bool = True) -
 
 
 def size_one_disagreement(graph: "AotGraph", module, flat: FlatForward, call: FlatCall) -> Optional[str]:
-    """How a graph traced at 2 disagrees with the model at the call's own size of 1 (None: it agrees).
+    """How a graph disagrees with the model at a call with a size of 1 it was not traced at (None: it agrees).
 
     Tracing is size-oblivious (`_export_settings`), so nothing in the graph's
     guards says whether it computes right at 1: run it there once, and the
     model, each on copies of the call's tensors, and compare.
     """
     with torch.no_grad():
-        reference = flat(list(cloned(call).tensors))
-        output = pytree.tree_leaves(graph.run(module, cloned(call)))
+        try:
+            reference = flat(list(cloned(call).tensors))
+        except Exception:  # noqa: BLE001 - the model itself does not take a 1 there: nothing to serve
+            return None
+        try:
+            output = pytree.tree_leaves(graph.run(module, cloned(call)))
+        except Exception as error:  # noqa: BLE001 - a graph that fails at 1 does not serve 1
+            return f"the graph fails there ({type(error).__name__}: {_first_line(error)})"
     agreement = compare(output, list(reference))
     return None if agreement.ok else agreement.describe()
+
+
+def _narrowed_to_one(call: FlatCall, shape_range) -> List[Tuple[str, FlatCall, List[Tuple[int, int]]]]:
+    """(role, the call with every dim of that role cut to 1, those dims) for each dynamic role whose range
+    reaches 1 and whose size in the call is not 1: the sizes of 1 a graph traced from `call` would accept."""
+    roles = [t.dims for t in call.signature.tensors]
+    bounds = leaf_bounds(call.shapes, roles, shape_range)
+    places: Dict[str, List[Tuple[int, int]]] = {}
+    for leaf, dims in enumerate(bounds):
+        for dim, (low, _high) in dims.items():
+            if low <= 1 and call.shapes[leaf][dim] > 1:
+                places.setdefault(str(roles[leaf][dim]), []).append((leaf, dim))
+    out = []
+    for role, where in places.items():
+        tensors = list(call.tensors)
+        for leaf, dim in where:
+            tensors[leaf] = tensors[leaf].narrow(dim, 0, 1)
+        args, kwargs = call.rebuild(tensors)
+        out.append((role, FlatCall(args, kwargs, _roles_of(roles)), where))
+    return out
+
+
+def _roles_of(roles):
+    lookup = iter(roles)
+    return lambda path, tensor: {d: role for d, role in enumerate(next(lookup)) if isinstance(role, str)}
 
 
 class AotGraph(CompiledGraph):
@@ -226,6 +257,13 @@ class AotGraph(CompiledGraph):
         if isinstance(outputs, torch.Tensor):
             outputs = [outputs]
         return pytree.tree_unflatten(list(outputs), self._out_spec)
+
+    def restricted(self, guards: List[str]) -> "AotGraph":
+        """The same package with more guards (a narrower range): a new graph variant."""
+        info = PackageInfo(guards=self.info.guards + guards, out_spec=self.info.out_spec,
+                           constant_names=self.info.constant_names, input_paths=self.info.input_paths,
+                           extra=self.info.extra, needs=self.info.needs)
+        return AotGraph(self.key.with_variant(info.guards), self._package_bytes, info, origin=self.origin)
 
     def write_package(self, path: Path) -> PackageInfo:
         Path(path).write_bytes(self._package_bytes)
@@ -329,9 +367,28 @@ class AotBackend(Backend):
                 log.info("%s: traced at 2 where %s is 1, the graph computes differently at 1 (%s); tracing it as "
                          "it is, serving 1 there only", key.family.architecture, traced.widened, disagreement)
                 progress("tracing again at the call's own sizes", 0.6)
-                graph = self._build(trace(module, forward_fn, call, key.shape_range, widen=False), call, key,
-                                    progress)
-        return graph
+                traced = trace(module, forward_fn, call, key.shape_range, widen=False)
+                graph = self._build(traced, call, key, progress)
+        return self._checked_at_one(graph, traced.flat, module, call, key)
+
+    def _checked_at_one(self, graph: "AotGraph", flat: FlatForward, module, call: FlatCall,
+                        key: GraphKey) -> "AotGraph":
+        """The graph, told to serve 2 and up where its guards accept a size of 1 it computes differently.
+
+        A graph traced from a batch of 2 accepts 1 by its guards (tracing is size-oblivious); for each
+        such role the graph runs once at 1 and is compared with the model, and where they differ it gets
+        a guard `>= 2` there (a call with 1 then gets a graph of its own).
+        """
+        extra: List[str] = []
+        for role, narrowed, where in _narrowed_to_one(call, key.shape_range):
+            if graph.why_not(narrowed) is not None:
+                continue
+            disagreement = size_one_disagreement(graph, module, flat, narrowed)
+            if disagreement is not None:
+                log.info("%s: the graph traced at %s %s computes differently at 1 (%s); it serves 2 and up",
+                         key.family.architecture, role, narrowed.shapes, disagreement)
+                extra += [f"{size_ref(leaf, dim)} >= 2" for leaf, dim in where]
+        return graph.restricted(extra) if extra else graph
 
     def _build(self, traced: Traced, call: FlatCall, key: GraphKey, progress: Progress) -> AotGraph:
         if traced.flat.out_spec is None:
