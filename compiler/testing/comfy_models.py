@@ -165,7 +165,11 @@ def family_lora(family: str, path: str, seed: int = 123, rank: int = 4, magnitud
     """A LoRA for a tiny family of comfy_families (the layout ComfyUI loads for DiTs: diffusion_model.<layer>
     .lora_A/.lora_B), on every 2-D Linear weight of its repeated blocks."""
     _comfy()
-    from .comfy_families import build
+    if __package__:
+        from .comfy_families import build
+    else:  # run as a script (the tests' way): the repository's package
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        from compiler.testing.comfy_families import build
 
     model = build(family).patcher.model.diffusion_model
     generator = torch.Generator().manual_seed(seed)
