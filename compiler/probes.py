@@ -134,6 +134,25 @@ def reshape_call(call: FlatCall, batch: int, height: int, width: int) -> FlatCal
     return FlatCall(args, kwargs, _same_roles(roles))
 
 
+def narrowed_to_one(call: FlatCall, bounds: LeafBounds) -> List[Tuple[str, FlatCall, List[Tuple[int, int]]]]:
+    """(role, the call with every dim of that role cut to 1, those dims) for each dynamic role whose range
+    reaches 1 and whose size in the call is not 1: the sizes of 1 a graph traced from `call` would accept."""
+    roles = [t.dims for t in call.signature.tensors]
+    places: Dict[str, List[Tuple[int, int]]] = {}
+    for leaf, dims in enumerate(bounds):
+        for dim, (low, _high) in dims.items():
+            if low <= 1 and call.shapes[leaf][dim] > 1:
+                places.setdefault(str(roles[leaf][dim]), []).append((leaf, dim))
+    out = []
+    for role, where in places.items():
+        tensors = list(call.tensors)
+        for leaf, dim in where:
+            tensors[leaf] = tensors[leaf].narrow(dim, 0, 1)
+        args, kwargs = call.rebuild(tensors)
+        out.append((role, FlatCall(args, kwargs, _same_roles(roles)), where))
+    return out
+
+
 def cloned(call: FlatCall) -> FlatCall:
     """The same call on copies of its tensors (a run that may update inputs in place leaves `call` alone)."""
     args, kwargs = call.rebuild([tensor.clone() for tensor in call.tensors])

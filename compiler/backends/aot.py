@@ -36,7 +36,7 @@ from .. import extraction, machine_fit
 from ..flat_module import MODULE_PREFIX, FlatForward, dump_out_spec, load_out_spec, module_tensors
 from ..guards import GuardSet, GuardSyntaxError, readable, size_ref
 from ..keys import GraphKey
-from ..probes import cloned, pinned_example, trace_example
+from ..probes import cloned, narrowed_to_one, pinned_example, trace_example
 from ..shapes import leaf_bounds
 from ..signature import FlatCall
 from ..verify import compare
@@ -165,31 +165,6 @@ def size_one_disagreement(graph: "AotGraph", module, flat: FlatForward, call: Fl
             return f"the graph fails there ({type(error).__name__}: {_first_line(error)})"
     agreement = compare(output, list(reference))
     return None if agreement.ok else agreement.describe()
-
-
-def _narrowed_to_one(call: FlatCall, shape_range) -> List[Tuple[str, FlatCall, List[Tuple[int, int]]]]:
-    """(role, the call with every dim of that role cut to 1, those dims) for each dynamic role whose range
-    reaches 1 and whose size in the call is not 1: the sizes of 1 a graph traced from `call` would accept."""
-    roles = [t.dims for t in call.signature.tensors]
-    bounds = leaf_bounds(call.shapes, roles, shape_range)
-    places: Dict[str, List[Tuple[int, int]]] = {}
-    for leaf, dims in enumerate(bounds):
-        for dim, (low, _high) in dims.items():
-            if low <= 1 and call.shapes[leaf][dim] > 1:
-                places.setdefault(str(roles[leaf][dim]), []).append((leaf, dim))
-    out = []
-    for role, where in places.items():
-        tensors = list(call.tensors)
-        for leaf, dim in where:
-            tensors[leaf] = tensors[leaf].narrow(dim, 0, 1)
-        args, kwargs = call.rebuild(tensors)
-        out.append((role, FlatCall(args, kwargs, _roles_of(roles)), where))
-    return out
-
-
-def _roles_of(roles):
-    lookup = iter(roles)
-    return lambda path, tensor: {d: role for d, role in enumerate(next(lookup)) if isinstance(role, str)}
 
 
 class AotGraph(CompiledGraph):
@@ -380,7 +355,7 @@ class AotBackend(Backend):
         a guard `>= 2` there (a call with 1 then gets a graph of its own).
         """
         extra: List[str] = []
-        for role, narrowed, where in _narrowed_to_one(call, key.shape_range):
+        for role, narrowed, where in narrowed_to_one(call, leaf_bounds(call.shapes, [t.dims for t in call.signature.tensors], key.shape_range)):
             if graph.why_not(narrowed) is not None:
                 continue
             disagreement = size_one_disagreement(graph, module, flat, narrowed)
