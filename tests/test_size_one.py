@@ -1,11 +1,12 @@
 """A graph traced at 2 where a call has 1: ComfyUI's TAESD decoder (diffusers' AutoencoderTiny is the same network).
 
-Traced for a one-image decode at batch 2 with size-oblivious tracing (the aot backend's), the graph accepts
-batch 1 and returned two images for one: the trace assumed the batch is never 1 and recorded no guard for it.
-Now a graph traced at 2 is run once at the call's own size of 1 when it is built and compared with the model;
-where they differ, the call is traced as it is (a graph for 1) and the first graph serves 2 and up. Checked here
-with the first-use check off, so nothing else catches it. The inductor backend is right too (Dynamo guards
-size 1 itself).
+With a batch range of 1 to 2, the size-oblivious trace (the aot backend's) assumes the batch is not 1, so to
+Inductor the range was 2 alone: the graph was built for 2, its guards accepted 1, and it returned two images
+for one. Now a size with a range of 1 to 2 is traced up to 3 (`aot._traced_high`): one graph serves 1 and 2.
+As a safety net for whatever else a size-oblivious trace gets wrong at 1, a graph whose guards accept 1 is run
+there once when it is built and compared with the model; where they differ it serves 2 and up and 1 gets its
+own graph (checked here by bringing the old tracing back). All with the first-use check off, so nothing else
+catches it. The inductor backend is right too (Dynamo guards size 1 itself).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from compiler.diffusers_api import compiled_parts
 from compiler.registry import GraphRegistry
 
 ORDER = [(1, 16), (2, 8), (1, 12)]  # (batch, latent side): a one-image decode first, then two, then one
+TWO_FIRST = [(2, 16), (1, 8), (2, 12), (1, 16)]
 
 
 def _tiny_autoencoder(seed: int = 0):
@@ -53,17 +55,29 @@ def test_without_the_first_use_check_every_decode_equals_eager():
     assert worst < 1e-4
     assert decoder.graph_calls == len(ORDER) and decoder.eager_calls == 0
     assert registry.fallbacks == [] and registry.log.of_kind("mismatch") == []
-    assert len(registry.compiles) == 2  # batch 1 (traced as it is, after the graph traced at 2 disagreed), batch 2
+    assert len(registry.compiles) == 1  # one graph serves 1 and 2
 
 
 def test_two_images_first_then_one_equal_eager_without_the_first_use_check():
-    """The graph traced from a batch of 2 (no size of 1 widened) accepts 1 by its guards: checked at 1 as it is
-    built, it is held to 2 and up, and batch 1 gets its own graph."""
-    worst, registry, decoder = _decode_in_order("aot", verify=False, order=[(2, 16), (1, 8), (2, 12), (1, 16)])
+    worst, registry, decoder = _decode_in_order("aot", verify=False, order=TWO_FIRST)
     assert worst < 1e-4
     assert decoder.graph_calls == 4 and decoder.eager_calls == 0
     assert registry.fallbacks == [] and registry.log.of_kind("mismatch") == []
-    assert len(registry.compiles) == 2
+    assert len(registry.compiles) == 1
+
+
+def test_a_graph_that_computes_differently_at_one_serves_two_and_up(monkeypatch):
+    """The safety net, seen with the old tracing (a range of 1 to 2 traced as 1 to 2): the graph traced at 2 is
+    checked at 1 as it is built, differs, is held to 2 and up, and batch 1 gets its own graph."""
+    from compiler.backends import aot
+
+    monkeypatch.setattr(aot, "_traced_high", lambda low, high: high)
+    for order in (ORDER, TWO_FIRST):
+        worst, registry, decoder = _decode_in_order("aot", verify=False, order=order)
+        assert worst < 1e-4, order
+        assert decoder.graph_calls == len(order) and decoder.eager_calls == 0
+        assert registry.fallbacks == [] and registry.log.of_kind("mismatch") == []
+        assert len(registry.compiles) == 2  # one for 2 and up, one for 1
 
 
 def test_the_inductor_backend_is_right_without_the_check():

@@ -64,9 +64,9 @@ def _export_settings():
     """Keep size-1 dims and equal-sized dims symbolic while tracing.
 
     Size-oblivious tracing assumes a size is never 1 without recording a guard, so one graph serves 1 and
-    up. Most networks compute the same at 1, not all (ComfyUI's TAESD decoder traced at batch 2 returned
-    two images for one): `AotBackend.compile` runs a graph traced at 2 once at the call's own size of 1
-    and traces the call as it is where they differ. Tracing honestly (backed_size_oblivious=False) would
+    up (a range of 1 to 2 is traced up to 3, `_traced_high`). As a safety net `AotBackend.compile` runs a
+    graph whose guards accept a size of 1 once at 1 and gives 1 a graph of its own where they differ.
+    Tracing honestly (backed_size_oblivious=False) would
     split every SD UNet's range at batch 1 and at sequence 1, a graph more for each.
     """
     import torch.fx.experimental._config as fx_config
@@ -93,6 +93,17 @@ def _guards_from(ep: "torch.export.ExportedProgram", call: FlatCall) -> List[str
     return guards
 
 
+def _traced_high(low: int, high: int) -> int:
+    """The upper bound a dynamic size is traced with: 3 where the range is 1 to 2.
+
+    Size-oblivious tracing assumes a size is not 1, so a range of 1 to 2 is 2
+    only to Inductor, which then builds the graph for 2 alone: its outputs
+    had 2 rows for a call with 1 (a Conv2d traced over batch 1 to 2). The
+    graph's own guards still bound it, and the declared range bounds the calls.
+    """
+    return 3 if low < 2 and high == 2 else high
+
+
 def export_program(module, forward_fn, call: FlatCall, shape_range) -> tuple:
     """(exported program, its FlatForward): the call traced over the declared range.
 
@@ -103,7 +114,7 @@ def export_program(module, forward_fn, call: FlatCall, shape_range) -> tuple:
     flat = FlatForward(module, forward_fn, call)
     roles = [t.dims for t in call.signature.tensors]
     bounds = leaf_bounds(call.shapes, roles, shape_range)
-    dynamic = [{d: Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in b.items()} for b in bounds]
+    dynamic = [{d: Dim.AUTO(min=lo, max=_traced_high(lo, hi)) for d, (lo, hi) in b.items()} for b in bounds]
     try:
         with _export_settings(), torch.no_grad():
             ep = torch.export.export(flat, (list(call.tensors),), dynamic_shapes=(dynamic,), strict=False)
