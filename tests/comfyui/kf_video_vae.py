@@ -22,11 +22,14 @@ import sys
 from kf_inprocess import load_pack  # noqa: E402  (this script's folder is on sys.path)
 
 SPEEDUP = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, backend="aot")
-# (op, width, height, batch, frames): latent frames to decode, pixel frames to encode (Wan: 1 + 4k); one video
-# at a time, as video workflows decode (a batch of 2 builds its own chunk graphs: tests/test_video_vae.py).
+# (op, width, height, batch, frames): latent frames to decode, pixel frames to encode (Wan: 1 + 4k); batches of
+# 2 as Qwen-Image decodes 2 images (one-frame videos), served a video at a time by the batch-1 chunk graphs.
 FIRST = [("decode", 128, 128, 1, 3), ("decode", 192, 128, 1, 5), ("decode", 128, 192, 1, 2),
-         ("encode", 128, 128, 1, 9), ("encode", 192, 128, 1, 5), ("encode", 128, 192, 1, 13)]
-RESTART = [("decode", 160, 128, 1, 4), ("decode", 128, 128, 1, 1), ("encode", 160, 128, 1, 9)]
+         ("decode", 128, 128, 2, 1), ("decode", 192, 128, 2, 3),
+         ("encode", 128, 128, 1, 9), ("encode", 192, 128, 1, 5), ("encode", 128, 192, 1, 13),
+         ("encode", 128, 128, 2, 1), ("encode", 128, 192, 2, 5)]
+RESTART = [("decode", 160, 128, 1, 4), ("decode", 128, 128, 1, 1), ("decode", 160, 128, 2, 1),
+           ("encode", 160, 128, 1, 9), ("encode", 160, 128, 2, 5)]
 
 
 def main(pack: str, base: str, phase: str) -> dict:

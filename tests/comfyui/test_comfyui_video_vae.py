@@ -5,8 +5,9 @@ Wan's VAE decodes one latent frame at a time and encodes 1, then 4 frames at a t
 between chunks; read as one graph, its frame axis was taken for a spatial side and every call ran eager.
 kf_video_vae.py runs a tiny Wan 2.1 VAE built by `comfy.sd.VAE` from a state dict through VAE Speedup: Save
 Graph before any video builds the chunk graphs of an example video (one per cache state and operation), then
-decode at three frame counts and two sizes and encode at three frame counts and two sizes compile nothing and
-equal the VAE without the node; a new process with other weights loads the graphs and compiles nothing.
+decode at three frame counts and two sizes and encode at three frame counts and two sizes, at batch 1 and 2
+(a video at a time), compile nothing and equal the VAE without the node; a new process with other weights loads
+the graphs and compiles nothing.
 """
 
 from __future__ import annotations
