@@ -25,9 +25,12 @@ Nothing generated is ever committed: the tests write into temporary folders.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
+
+from typing import Optional
 
 import torch
 
@@ -81,11 +84,11 @@ def _init(module: torch.nn.Module, seed: int) -> None:
                 break
 
 
-def _save(tensors: dict, path: str) -> None:
+def _save(tensors: dict, path: str, metadata: Optional[dict] = None) -> None:
     from safetensors.torch import save_file
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata={"format": "pt", **(metadata or {})})
 
 
 def checkpoint(path: str, seed: int = 0) -> None:
@@ -212,7 +215,15 @@ def image(path: str, size: int = 512, seed: int = 7) -> None:
     Image.fromarray((pixels * 255).astype(np.uint8)).save(path)
 
 
-VAE_KINDS = ("kl16", "wan21")
+VAE_KINDS = ("kl16", "wan21", "hunyuan-video", "ltxv")
+# LTXV's video VAE as ComfyUI builds it from a file's "config" metadata: its widths are fixed (128 base channels),
+# its depth is not: one res layer per level and the three 2x compressions ComfyUI's 8x/32x ratios assume.
+LTXV_VAE_CONFIG = {
+    "_class_name": "CausalVideoAutoencoder", "dims": 3, "in_channels": 3, "out_channels": 3, "latent_channels": 128,
+    "blocks": [["res_x", 1], ["compress_all", 1], ["compress_all", 1], ["compress_all", 1], ["res_x", 1]],
+    "scaling_factor": 1.0, "norm_layer": "pixel_norm", "patch_size": 4, "latent_log_var": "uniform",
+    "use_quant_conv": False, "causal_decoder": False,
+}
 
 
 def vae(path: str, kind: str, seed: int = 0) -> None:
@@ -220,7 +231,9 @@ def vae(path: str, kind: str, seed: int = 0) -> None:
 
     kl16: the 16-channel KL autoencoder of Flux, SD3 and Z-Image ("ae.safetensors"); ComfyUI fixes its
     widths (128 base channels, 84 M parameters), so it is full size. wan21: Wan 2.1's causal video VAE
-    (also Qwen-Image's), whose base width ComfyUI reads from the file: 8 channels here.
+    (also Qwen-Image's), whose base width ComfyUI reads from the file: 8 channels here. hunyuan-video:
+    HunyuanVideo's causal 3-D KL autoencoder (ComfyUI fixes its widths: full size). ltxv: LTX-Video's, its
+    depth cut through the config ComfyUI reads from the file's metadata (LTXV_VAE_CONFIG).
     """
     _comfy()
     if kind == "kl16":
@@ -242,6 +255,27 @@ def vae(path: str, kind: str, seed: int = 0) -> None:
         with torch.no_grad():
             for parameter in model.parameters():  # random weights with outputs of a useful size
                 parameter.normal_(0.0, 0.05)
+    elif kind == "hunyuan-video":
+        from comfy.ldm.models.autoencoder import AutoencoderKL
+
+        params = {"double_z": True, "z_channels": 16, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,
+                  "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0,
+                  "conv3d": True, "time_compress": 4}
+        model = AutoencoderKL(ddconfig=params, embed_dim=16)
+        _init(model, seed)
+    elif kind == "ltxv":
+        from comfy.ldm.lightricks.vae.causal_video_autoencoder import VideoVAE
+
+        torch.manual_seed(seed)
+        model = VideoVAE(config=LTXV_VAE_CONFIG)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.normal_(0.0, 0.02)
+            for name, buffer in model.named_buffers():  # the latents' per-channel statistics
+                buffer.fill_(1.0 if "std" in name else 0.0)
+        _save({k: v.float() for k, v in model.state_dict().items()}, path,
+              metadata={"config": json.dumps({"vae": LTXV_VAE_CONFIG})})
+        return
     else:
         raise ValueError("unknown VAE kind %r; known: %s" % (kind, ", ".join(VAE_KINDS)))
     _save({k: v.float() for k, v in model.state_dict().items()}, path)
