@@ -127,7 +127,13 @@ class KeepFastVAESpeedup(io.ComfyNode):
             category=CATEGORY,
             description="Serve VAE decode and encode (tiled decode included) from compiled graphs. The input "
                         "VAE is not changed.",
-            inputs=[io.Vae.Input("vae")] + _range_inputs() + [_backend_input(), _verify_input()],
+            inputs=[io.Vae.Input("vae")] + _range_inputs() + [
+                _backend_input(), _verify_input(),
+                io.Int.Input("max_frames", default=81, min=1, max=1025, optional=True,
+                             tooltip="Video VAEs served whole (LTX-Video's): most video frames the graphs "
+                                     "serve, frames their own axis. Image VAEs and Wan's (a frame at a time) "
+                                     "ignore it."),
+            ],
             outputs=[io.Vae.Output()],
         )
 
@@ -137,11 +143,11 @@ class KeepFastVAESpeedup(io.ComfyNode):
 
     @classmethod
     def execute(cls, vae, min_resolution, max_resolution, max_batch_size, compile,
-                backend=DEFAULT_BACKEND, verify=True) -> io.NodeOutput:
+                backend=DEFAULT_BACKEND, verify=True, max_frames=81) -> io.NodeOutput:
         runtime.setup()
         report = Report("KeepFast VAE Speedup")
-        out, _ = operations.vae_speedup(
-            vae, _settings(min_resolution, max_resolution, max_batch_size, compile, backend, verify=verify), report)
+        settings = _settings(min_resolution, max_resolution, max_batch_size, compile, backend, verify=verify)
+        out, _ = operations.vae_speedup(vae, dataclasses.replace(settings, max_frames=int(max_frames)), report)
         return io.NodeOutput(out, ui=_ui(report.text()))
 
 

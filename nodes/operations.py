@@ -94,9 +94,18 @@ def vae_speedup(vae, settings: Settings, report: Report):
     except ValueError as error:
         report.add(f"{error}; the VAE passes through unchanged")
         return vae, None
-    report.add(f"VAE {type(runner.module).__name__} ({runner.dtype}): decode and encode served by "
-               f"{settings.backend} graphs for "
-               f"images {settings.min_size}-{settings.max_size} px, batch up to {settings.max_batch}")
+    name = f"VAE {type(runner.module).__name__} ({runner.dtype})"
+    sizes = f"images {settings.min_size}-{settings.max_size} px, batch up to {settings.max_batch}"
+    if runner.unserved is not None:
+        report.add(f"{name}: runs uncompiled: {runner.unserved}")
+    elif runner.whole_video:
+        report.add(f"{name}: decode and encode served by {settings.backend} graphs of whole videos, {sizes}, up to "
+                   f"{settings.max_frames} frames ({runner.shape_range('decode').frames[1]} latent)")
+    elif runner.chunks:
+        report.add(f"{name}: decode and encode served chunk by chunk (a latent frame at a time) by "
+                   f"{settings.backend} graphs, {sizes}")
+    else:
+        report.add(f"{name}: decode and encode served by {settings.backend} graphs for {sizes}")
     report.add(_stored_summary(runner.forwards["decode"]))
     return faster, runner
 

@@ -12,6 +12,7 @@ submodules and weights, loaded and offloaded by the same patcher) whose
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -20,6 +21,7 @@ from ..compiler import CompiledForward, CompileOptions, ShapeRange
 from ..compiler.backends.base import portable_forward
 from ..compiler.cached_steps import ChunkServer, chunk, chunk_server, example_frames, takes_feature_cache
 from ..compiler.keys import FamilyKey
+from ..compiler.shapes import BATCH, FRAMES, SPATIAL, default_roles
 from ..compiler.structure import architecture_name
 from . import runtime
 from .attention import graph_vae_attention
@@ -31,6 +33,18 @@ OPS = ("decode", "encode")
 # Video VAEs that run chunk by chunk with a feature cache (Wan 2.1/2.2, Qwen-Image): the submodule each op
 # calls per chunk, served by compiler/cached_steps.py.
 CHUNK_MODULES = {"decode": "decoder", "encode": "encoder"}
+# Video VAEs that decode and encode a whole video in one pass whose ops follow the frame count (LTX-Video's
+# causal VideoVAE): one graph per operation with the frames as their own dynamic axis. Other video VAEs run
+# eager with the reason: HunyuanVideo's decodes in a Python loop of 2-frame chunks whose count follows the
+# frames, so a graph of it would serve one frame count.
+WHOLE_VIDEO_VAES = ("VideoVAE",)
+
+
+def video_roles(path: str, tensor: torch.Tensor) -> Dict[int, str]:
+    """A video VAE's latents and pixels are [batch, channels, frames, height, width]: frames are their own axis."""
+    if tensor.dim() == 5:
+        return {0: BATCH, 2: FRAMES, 3: SPATIAL, 4: SPATIAL}
+    return default_roles(tensor.dim())
 
 
 @portable_forward
@@ -63,12 +77,19 @@ class VaeRunner:
         self.dtype = vae.vae_dtype
         self.device = vae.device
         self.latent_dim = getattr(vae, "latent_dim", 2)
+        self.whole_video = self.latent_dim == 3 and type(self.module).__name__ in WHOLE_VIDEO_VAES
+        self.temporal = _temporal_ratio(vae) if self.whole_video else None
+        self.unserved: Optional[str] = None  # why every call runs eager (a video VAE served neither way)
         self.chunks: Dict[str, ChunkServer] = {}
         for op, name in CHUNK_MODULES.items():
             part = getattr(self.module, name, None)
             if takes_feature_cache(part):
                 self.chunks[op] = chunk_server(part, self.options(op).with_(
                     label=f"VAE {op} chunk ({architecture_name(self.module)})"), runtime.registry(), traced=_vae_chunk)
+        if self.latent_dim == 3 and not self.whole_video and not self.chunks:
+            self.unserved = (f"{type(self.module).__name__} is a video VAE that KeepFast does not serve yet (it "
+                             "serves Wan's chunk by chunk and LTX-Video's whole; this one decodes in a loop whose "
+                             "length follows the frames)")
         self.forwards: Dict[str, CompiledForward] = {
             op: self.chunks[op].forward if op in self.chunks else
             CompiledForward(self.module, self.options(op), runtime.registry(), forward_fn=_vae_forward)
@@ -79,9 +100,13 @@ class VaeRunner:
         s = self.settings
         latent = ShapeRange(batch=(1, max(1, s.max_batch)),
                             spatial=(max(1, -(-s.min_size // self.scale)), max(1, s.max_size // self.scale)))
+        frames = None
+        if self.whole_video:  # latent frames for decode, video frames for encode
+            frames = (1, max(1, self.temporal(s.max_frames))) if op == "decode" else (1, max(1, s.max_frames))
         if op == "decode":
-            return latent
-        return ShapeRange(batch=latent.batch, spatial=(latent.spatial[0] * self.scale, latent.spatial[1] * self.scale))
+            return dataclasses.replace(latent, frames=frames)
+        return ShapeRange(batch=latent.batch, spatial=(latent.spatial[0] * self.scale, latent.spatial[1] * self.scale),
+                          frames=frames)
 
     def options(self, op: str) -> CompileOptions:
         s = self.settings
@@ -89,7 +114,7 @@ class VaeRunner:
             backend=s.backend, shape_range=self.shape_range(op), compile_on_miss=s.compile_on_miss,
             store=runtime.store(), autosave=s.autosave, cover_range=s.cover_range,
             label=f"VAE {op} ({architecture_name(self.module)})", counter="vae", device=str(self.device),
-            verify=s.verify,
+            verify=s.verify, role_policy=video_roles if self.whole_video else None,
         )
 
     def run(self, op: str, sample: torch.Tensor, **options):
@@ -98,13 +123,10 @@ class VaeRunner:
         if op in self.chunks:  # the autoencoder's own loop over chunks, each chunk served by a graph
             with self.chunks[op].active():
                 return method(sample, **options)
-        reason = None
-        if self.latent_dim == 3:
-            reason = (f"{type(self.module).__name__} is a video VAE that KeepFast does not serve yet (it serves "
-                      "Wan's, chunk by chunk); its frames would be read as a spatial side")
-        elif options:
+        reason = self.unserved
+        if reason is None and options:
             reason = f"{op} was called with options {sorted(options)}"
-        elif not isinstance(sample, torch.Tensor):
+        elif reason is None and not isinstance(sample, torch.Tensor):
             reason = f"{op} was called with a {type(sample).__name__}"
         served = self.forwards[op].serve((op, sample), {}, eager=lambda _op, latent: method(latent, **options),
                                          eager_reason=reason)
@@ -113,20 +135,27 @@ class VaeRunner:
     def example_calls(self, op: str, sizes: List[Tuple[int, int]], batches: List[int]) -> List[Tuple[tuple, dict]]:
         if op in self.chunks:
             return self._chunk_calls(op, sizes, batches)
-        if self.latent_dim != 2:
+        if self.latent_dim != 2 and not self.whole_video:
             return []
         shape_range = self.shape_range(op)
+        frames = self._example_frames(op) if self.whole_video else ()
         calls = []
         for width, height in sizes:
             for batch in batches:
                 b = clamp(batch, shape_range.batch)
                 h, w = max(1, height // self.scale), max(1, width // self.scale)
                 if op == "decode":
-                    shape = (b, self.latent_channels, h, w)
+                    shape = (b, self.latent_channels, *frames, h, w)
                 else:
-                    shape = (b, self.image_channels, h * self.scale, w * self.scale)
+                    shape = (b, self.image_channels, *frames, h * self.scale, w * self.scale)
                 calls.append(((op, torch.randn(shape, dtype=self.dtype, device=self.device)), {}))
         return calls
+
+    def _example_frames(self, op: str) -> Tuple[int]:
+        """Frames of an example video for a whole-video VAE: the fewest video frames that make 2 latent frames
+        (LTX-Video: 9), so no frame count of 1 is traced; as latent frames for decode."""
+        video = next((f for f in range(2, 257) if self.temporal(f) >= 2), 2)
+        return (self.temporal(video),) if op == "decode" else (video,)
 
     def _chunk_calls(self, op: str, sizes: List[Tuple[int, int]], batches: List[int]) -> List[Tuple[tuple, dict]]:
         """The chunk calls an example video makes (one per cache state and shape), from one eager run each."""
@@ -150,6 +179,14 @@ class VaeRunner:
     def family_here(self, signature: str, op: str = "decode") -> FamilyKey:
         """The key a graph needs to serve this VAE's `op`: the forward's own key path."""
         return self.forwards[op].expected_family(signature)
+
+
+def _temporal_ratio(vae):
+    """Video frames -> latent frames, as ComfyUI's VAE computes them (LTX-Video: 1 + 8k frames -> 1 + k)."""
+    ratio = getattr(vae, "downscale_ratio", None)
+    if isinstance(ratio, tuple) and ratio and callable(ratio[0]):
+        return lambda frames: int(ratio[0](frames))
+    return lambda frames: frames
 
 
 def _spatial_scale(vae) -> int:

@@ -34,6 +34,9 @@ FAMILIES: Tuple[str, ...] = (
 )
 # SD-style UNets (whole-model graphs, not blocks): ComfyUI's UNetModel as SD1.5 and SDXL configure it.
 UNET_FAMILIES: Tuple[str, ...] = ("sd15", "sdxl")
+# Variants only the template tests build (their workflows feed what these take: a start image, CLIP vision).
+TEMPLATE_FAMILIES: Tuple[str, ...] = FAMILIES + ("wan-i2v",)
+CLIP_VISION_TOKENS, CLIP_VISION_WIDTH = 257, 1280  # CLIP-ViT-H's penultimate hidden states, as Wan i2v takes them
 
 # Sizes of the text features each tiny family takes (the real models take 2048-4096).
 _TXT = 32          # T5 / umT5 / Llama / Qwen2.5 / Gemma hidden states
@@ -104,6 +107,12 @@ UNET_CONFIGS: Dict[str, Dict[str, Any]] = {
         "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
         "cross_attn_norm": True, "eps": 1e-6, "in_dim": 16, "text_dim": _TXT,
     },
+    "wan-i2v": {  # Wan 2.1 image-to-video: the start image's latent and mask concatenated (36 channels in),
+        # CLIP vision features projected to 257 more context tokens
+        "image_model": "wan2.1", "model_type": "i2v", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
+        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
+        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 36, "text_dim": _TXT,
+    },
     "qwen-image": {
         "image_model": "qwen_image", "in_channels": 64, "out_channels": 16, "patch_size": 2, "num_layers": 2,
         "attention_head_dim": 32, "num_attention_heads": 2, "joint_attention_dim": _TXT,
@@ -147,7 +156,7 @@ UNET_CONFIGS: Dict[str, Dict[str, Any]] = {
 
 _SUPPORTED = {  # family -> class name in comfy.supported_models
     "sd15": "SD15", "sdxl": "SDXL",
-    "flux": "Flux", "chroma": "Chroma", "sd3": "SD3", "auraflow": "AuraFlow", "wan": "WAN21_T2V",
+    "flux": "Flux", "chroma": "Chroma", "sd3": "SD3", "auraflow": "AuraFlow", "wan": "WAN21_T2V", "wan-i2v": "WAN21_I2V",
     "qwen-image": "QwenImage", "hunyuan-video": "HunyuanVideo", "ltxv": "LTXV", "lumina2": "Lumina2",
     "z-image": "ZImage", "hidream": "HiDream",
 }
@@ -225,7 +234,7 @@ def _conditioning_fn(name: str) -> Callable[[int, int], list]:
             cond = _randn((1, tokens, _HIDREAM_T5), g)  # T5 hidden states
             extras["pooled_output"] = _randn((1, _HIDREAM_POOLED), g)  # CLIP-L + CLIP-G pooled
             extras["conditioning_llama3"] = _randn((1, _HIDREAM_LLAMA_LAYERS, tokens, _HIDREAM_LLAMA), g)
-        else:  # chroma, auraflow, wan, qwen-image: one text encoder, no pooled vector
+        else:  # chroma, auraflow, wan, wan-i2v, qwen-image: one text encoder, no pooled vector
             cond = _randn((1, tokens, _TXT), g)
         return [[cond, extras]]
 
@@ -234,7 +243,7 @@ def _conditioning_fn(name: str) -> Callable[[int, int], list]:
 
 def _latent_fn(name: str) -> Callable[[int, int, int, int], torch.Tensor]:
     def make(width: int, height: int, batch: int, frames: int) -> torch.Tensor:
-        if name == "wan" or name == "hunyuan-video":
+        if name in ("wan", "wan-i2v", "hunyuan-video"):
             return torch.zeros([batch, 16, ((frames - 1) // 4) + 1, height // 8, width // 8])
         if name == "ltxv":
             return torch.zeros([batch, 128, ((frames - 1) // 8) + 1, height // 32, width // 32])
@@ -279,7 +288,7 @@ def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> TinyF
     (`--fp8_e4m3fn-unet`, fp8 checkpoints) compute in bfloat16: ComfyUI's manual cast, per layer and call.
     """
     if name not in UNET_CONFIGS:
-        raise ValueError("unknown family %r; known: %s" % (name, ", ".join(FAMILIES + UNET_FAMILIES)))
+        raise ValueError("unknown family %r; known: %s" % (name, ", ".join(TEMPLATE_FAMILIES + UNET_FAMILIES)))
     _comfy()
     import comfy.model_management
     import comfy.model_patcher
@@ -301,7 +310,7 @@ def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> TinyF
         model, load_device=comfy.model_management.get_torch_device(),
         offload_device=comfy.model_management.unet_offload_device())
     return TinyFamily(
-        name=name, patcher=patcher, video=name in ("wan", "hunyuan-video", "ltxv"),
+        name=name, patcher=patcher, video=name in ("wan", "wan-i2v", "hunyuan-video", "ltxv"),
         latent_channels=model_config.latent_format.latent_channels,
         _latent=_latent_fn(name), _conditioning=_conditioning_fn(name))
 

@@ -9,6 +9,8 @@ them, so `compiler/` still never imports ComfyUI.
     python compiler/testing/comfy_models.py lora CHECKPOINT OUT.safetensors [--seed N]
     python compiler/testing/comfy_models.py controlnet OUT.safetensors [--seed N]
     python compiler/testing/comfy_models.py image OUT.png [--size 512] [--seed N]
+    python compiler/testing/comfy_models.py vae OUT.safetensors --kind kl16|wan21|hunyuan-video|ltxv [--seed N]
+    python compiler/testing/comfy_models.py family-lora OUT.safetensors --family FAMILY [--seed N]
 
 Everything is built from ComfyUI's classes so their loaders detect it:
 - checkpoint: SD1.5 layout (detected as SD15: 320 model channels, context 768,

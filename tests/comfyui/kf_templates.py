@@ -27,7 +27,7 @@ BYPASSED_MODES = (2, 4)  # muted, bypassed
 MODEL_SOURCES = {"UNETLoader": 0, "CheckpointLoaderSimple": 0, "KeepFastTestTinyModel": 0, "KeepFastTestCheckpoint": 0}
 VAE_SOURCES = {"VAELoader": 0, "CheckpointLoaderSimple": 2, "KeepFastTestCheckpoint": 2}
 LATENT_NODES = ("EmptyLatentImage", "EmptySD3LatentImage", "EmptyHunyuanLatentVideo", "EmptyLTXVLatentVideo",
-                "Wan22ImageToVideoLatent")
+                "Wan22ImageToVideoLatent", "WanImageToVideo")
 STEP_NODES = ("KSampler", "BasicScheduler", "LTXVScheduler")
 SEED_INPUTS = ("seed", "noise_seed")
 DECODERS = ("VAEDecode", "VAEDecodeTiled")
@@ -176,6 +176,8 @@ def use_fixtures(prompt: dict, family: Optional[str], vae_name: Optional[str] = 
             node.update(class_type="KeepFastTestTinyModel", inputs={"family": family, "seed": 0})
         elif kind in ("CLIPLoader", "DualCLIPLoader", "TripleCLIPLoader", "QuadrupleCLIPLoader"):
             node.update(class_type="KeepFastTestTextEncoder", inputs={"family": family})
+        elif kind == "CLIPVisionLoader":
+            node.update(class_type="KeepFastTestCLIPVision", inputs={})
         elif kind == "CheckpointLoaderSimple":
             if vae_name is None:
                 raise ValueError("a checkpoint template needs the VAE file the checkpoint would hold")

@@ -1,10 +1,12 @@
-"""ComfyUI's Wan 2.1 VAE (a video VAE that decodes one latent frame at a time with a feature cache) through
-VAE Speedup; run by test_comfyui_video_vae.py.
+"""ComfyUI's video VAEs through VAE Speedup; run by test_comfyui_video_vae.py.
 
-    python kf_video_vae.py PACK_DIR BASE_DIR first|restart
+    python kf_video_vae.py PACK_DIR BASE_DIR first|restart wan|ltxv
 
-A tiny Wan 2.1 VAE (ComfyUI's own `comfy.sd.VAE`, detected from a state dict
-of `comfy.ldm.wan.vae.WanVAE` with 8 base channels, random weights).
+wan: a tiny Wan 2.1 VAE (ComfyUI's own `comfy.sd.VAE`, detected from a state
+dict of `comfy.ldm.wan.vae.WanVAE` with 8 base channels, random weights),
+which decodes one latent frame at a time with a feature cache. ltxv: LTX-Video's
+causal VideoVAE (comfy_models' LTXV_VAE_CONFIG, read from the file's metadata
+as VAELoader reads it), which decodes a whole video in one pass.
 `first` (an empty graphs folder): VAE Speedup, then Save Graph before any
 video (the chunk graphs of an example video), then decodes and encodes at two
 frame counts and two sizes, each against the same VAE
@@ -22,17 +24,47 @@ import sys
 from kf_inprocess import load_pack  # noqa: E402  (this script's folder is on sys.path)
 
 SPEEDUP = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, backend="aot")
-# (op, width, height, batch, frames): latent frames to decode, pixel frames to encode (Wan: 1 + 4k); batches of
-# 2 as Qwen-Image decodes 2 images (one-frame videos), served a video at a time by the batch-1 chunk graphs.
+# (op, width, height, batch, frames): latent frames to decode, pixel frames to encode (Wan: 1 + 4k); decodes of
+# 2 videos as Qwen-Image decodes 2 images (one-frame videos), served a video at a time by the batch-1 chunk graphs.
+# LTX-Video: 32x spatial, 8x temporal (video frames 1 + 8k); decode takes latent frames, encode video frames.
+LTXV_FIRST = [("decode", 128, 128, 1, 2), ("decode", 192, 128, 1, 3), ("decode", 128, 96, 1, 1),
+              ("decode", 128, 128, 2, 2), ("encode", 128, 128, 1, 9), ("encode", 96, 128, 1, 17)]
+LTXV_RESTART = [("decode", 160, 128, 1, 4), ("decode", 96, 96, 2, 1), ("encode", 160, 96, 1, 25)]
 FIRST = [("decode", 128, 128, 1, 3), ("decode", 192, 128, 1, 5), ("decode", 128, 192, 1, 2),
          ("decode", 128, 128, 2, 1), ("decode", 192, 128, 2, 3),
-         ("encode", 128, 128, 1, 9), ("encode", 192, 128, 1, 5), ("encode", 128, 192, 1, 13),
-         ("encode", 128, 128, 2, 1), ("encode", 128, 192, 2, 5)]
+         ("encode", 128, 128, 1, 9), ("encode", 192, 128, 1, 5), ("encode", 128, 192, 1, 13)]
 RESTART = [("decode", 160, 128, 1, 4), ("decode", 128, 128, 1, 1), ("decode", 160, 128, 2, 1),
-           ("encode", 160, 128, 1, 9), ("encode", 160, 128, 2, 5)]
+           ("encode", 160, 128, 1, 9)]
 
 
-def main(pack: str, base: str, phase: str) -> dict:
+def _vae(kind: str, seed: int):
+    """(ComfyUI's VAE of the kind, its latent channels, spatial scale), as VAELoader would give it."""
+    import comfy.sd
+    import torch
+
+    torch.manual_seed(seed)
+    if kind == "ltxv":
+        import json as _json
+
+        from compiler.testing.comfy_models import LTXV_VAE_CONFIG
+        from comfy.ldm.lightricks.vae.causal_video_autoencoder import VideoVAE
+
+        source = VideoVAE(config=LTXV_VAE_CONFIG)
+        for parameter in source.parameters():
+            parameter.data.normal_(0.0, 0.02)
+        for name, buffer in source.named_buffers():
+            buffer.fill_(1.0 if "std" in name else 0.0)
+        return comfy.sd.VAE(sd=source.state_dict(), metadata={"config": _json.dumps({"vae": LTXV_VAE_CONFIG})}), 128, 32
+    import comfy.ldm.wan.vae
+
+    source = comfy.ldm.wan.vae.WanVAE(dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                                      temperal_downsample=[False, True, True])
+    for parameter in source.parameters():  # random weights with outputs of a useful size
+        parameter.data.normal_(0.0, 0.05)
+    return comfy.sd.VAE(sd=source.state_dict()), 16, 8
+
+
+def main(pack: str, base: str, phase: str, kind: str = "wan") -> dict:
     sys.path.insert(0, os.environ["COMFYUI_PATH"])
     import comfy.cli_args
 
@@ -42,15 +74,9 @@ def main(pack: str, base: str, phase: str) -> dict:
 
     name, nodes = load_pack(pack)
     runtime = sys.modules[name + ".nodes.runtime"]
-    import comfy.ldm.wan.vae
-    import comfy.sd
-
-    torch.manual_seed(0 if phase == "first" else 5)
-    source = comfy.ldm.wan.vae.WanVAE(dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
-                                      temperal_downsample=[False, True, True])
-    for parameter in source.parameters():  # random weights with outputs of a useful size
-        parameter.data.normal_(0.0, 0.05)
-    vae = comfy.sd.VAE(sd=source.state_dict())
+    sys.path.insert(0, pack)  # compiler.testing, for the LTX-Video config
+    vae, channels, scale = _vae(kind, 0 if phase == "first" else 5)
+    first_calls, restart_calls = (LTXV_FIRST, LTXV_RESTART) if kind == "ltxv" else (FIRST, RESTART)
     registry = runtime.registry()
 
     def counts() -> dict:
@@ -65,9 +91,9 @@ def main(pack: str, base: str, phase: str) -> dict:
         for op, width, height, batch, frames in calls:
             torch.manual_seed(width + height + batch + frames)
             if op == "decode":
-                sample = torch.randn(batch, 16, frames, height // 8, width // 8)
-            else:
-                sample = torch.rand(frames, height, width, 3)  # ComfyUI's IMAGE: the frames of one video
+                sample = torch.randn(batch, channels, frames, height // scale, width // scale)
+            else:  # ComfyUI's IMAGE: the frames of one video (VAE Encode takes one video at a time)
+                sample = torch.rand(frames, height, width, 3)
             before = counts()
             mark = len(registry.events)
             got = getattr(fast, op)(sample)
@@ -82,22 +108,22 @@ def main(pack: str, base: str, phase: str) -> dict:
     if phase == "first":
         fast = nodes["KeepFastVAESpeedup"].execute(vae=vae, **SPEEDUP).args[0]
         before = counts()
-        saved = nodes["KeepFastSaveGraph"].execute(name="wan-vae", vae=fast).args
+        saved = nodes["KeepFastSaveGraph"].execute(name=f"{kind}-vae", vae=fast).args
         out["save_report"] = saved[2]
         out["save_events"] = delta(before)
         out["files"] = sorted(os.path.relpath(os.path.join(d, f), base) for d, _, fs in os.walk(base)
                               for f in fs if f.endswith(".json") and "graphs" in d)
-        out["rows"] = sweep(fast, FIRST)
+        out["rows"] = sweep(fast, first_calls)
     else:
         before = counts()
         loaded = nodes["KeepFastLoadGraph"].execute(graph="(every stored graph that fits)", compile_if_missing=False,
                                                     trust_graph=False, vae=vae).args
         out["load_report"] = loaded[2]
         out["load_events"] = delta(before)
-        out["rows"] = sweep(loaded[1], RESTART)
+        out["rows"] = sweep(loaded[1], restart_calls)
     out["counts"] = counts()
     return out
 
 
 if __name__ == "__main__":
-    print("KEEPFAST-RESULT " + json.dumps(main(*sys.argv[1:4])))
+    print("KEEPFAST-RESULT " + json.dumps(main(*sys.argv[1:5])))

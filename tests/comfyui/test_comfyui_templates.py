@@ -34,8 +34,8 @@ MODEL_SETTINGS = dict(min_resolution=64, max_resolution=512, max_batch_size=2, m
 VAE_SETTINGS = dict(min_resolution=64, max_resolution=512, max_batch_size=2)
 
 
-# HunyuanVideo's and LTXV's VAEs decode whole videos (HunyuanVideo's in a loop of 2-frame chunks whose count
-# follows the frames): nodes/vae.py runs them eager with this reason (README, "What runs eager").
+# HunyuanVideo's VAE decodes in a Python loop of 2-frame chunks whose count follows the frames: nodes/vae.py
+# runs it eager with this reason (README, the table of what runs uncompiled).
 VIDEO_VAE_EAGER = "is a video VAE that KeepFast does not serve yet"
 
 
@@ -46,6 +46,7 @@ class Template:
     vae_files: Dict[str, str] = field(default_factory=dict)  # models/vae file name -> comfy_models VAE kind
     checkpoint_vae: Optional[str] = None  # the VAE file a checkpoint template's checkpoint would hold
     loras: Tuple[str, ...] = ()    # LoRA files the template loads, written for its tiny family
+    images: Tuple[str, ...] = ()   # input images the template loads (LoadImage)
     first: Tuple[int, int, int, int] = (256, 256, 1, 9)     # width, height, batch, video length (pixel frames)
     second: Tuple[int, int, int, int] = (192, 128, 2, 5)
     blocks: bool = True            # served block by block (DiT) rather than as one UNet graph
@@ -61,11 +62,13 @@ TEMPLATES = [
              loras=("Qwen-Image-Lightning-8steps-V1.0.safetensors",)),
     Template("text_to_video_wan", "wan", {"wan_2.1_vae.safetensors": "wan21"}, first=(128, 128, 1, 9),
              second=(192, 128, 1, 5)),
+    Template("image_to_video_wan", "wan-i2v", {"wan_2.1_vae.safetensors": "wan21"},
+             images=("image_to_video_wan_start_image.png",), first=(128, 128, 1, 9), second=(192, 128, 1, 5)),
     Template("hunyuan_video_text_to_video", "hunyuan-video",
              {"hunyuan_video_vae_bf16.safetensors": "hunyuan-video"}, first=(96, 64, 1, 9), second=(64, 96, 1, 5),
              vae_eager=VIDEO_VAE_EAGER),
     Template("ltxv_text_to_video", "ltxv", {"ltxv_vae.safetensors": "ltxv"}, checkpoint_vae="ltxv_vae.safetensors",
-             first=(128, 96, 1, 9), second=(96, 128, 1, 17), vae_eager=VIDEO_VAE_EAGER),
+             first=(128, 96, 1, 9), second=(96, 128, 1, 17)),
 ]
 _counter = {"n": 0}
 
@@ -87,6 +90,8 @@ def server(tmp_path_factory):
             if name not in written:
                 S.write_model(base, "vae", base / "models" / "vae" / name, "--kind", kind)
                 written.add(name)
+        for name in template.images:
+            S.write_model(base, "image", base / "input" / name, "--size", "256")
         for name in template.loras:
             S.write_model(base, "family-lora", base / "models" / "loras" / name, "--family", template.family)
     env = {**os.environ, "COMFYUI_PATH": S.COMFYUI_PATH, "KEEPFAST_TRUST_FILE": str(base / "trust.json")}
@@ -169,7 +174,10 @@ def test_a_second_image_at_other_sizes_compiles_nothing_and_runs_from_graphs(run
     second = found["second"]
     delta = second["delta"]
     assert delta["compiles"] == 0, (delta, _reasons(second["messages"], "compile"))
-    assert delta["fallbacks"] == 0 and delta["mismatches"] == 0, _reasons(second["messages"], "fallback")
+    unnamed = [r for r in _reasons(second["messages"], "fallback") if not template.vae_eager or template.vae_eager not in r]
+    assert not unnamed and delta["mismatches"] == 0, unnamed  # a VAE that runs eager says so each time it is set up
+    if not template.vae_eager:
+        assert delta["fallbacks"] == 0, delta
     if template.blocks:
         assert delta["block_graph_calls"] > 0 and delta["block_eager_calls"] == 0, delta
     else:

@@ -57,7 +57,7 @@ class _TinyTextEncoder:
 class KeepFastTestTinyModel:
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"family": (list(comfy_families.FAMILIES),),
+        return {"required": {"family": (list(comfy_families.TEMPLATE_FAMILIES),),
                              "seed": ("INT", {"default": 0, "min": 0, "max": 1000})}}
 
     RETURN_TYPES = ("MODEL",)
@@ -71,7 +71,7 @@ class KeepFastTestTinyModel:
 class KeepFastTestTextEncoder:
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"family": (list(comfy_families.FAMILIES),)}}
+        return {"required": {"family": (list(comfy_families.TEMPLATE_FAMILIES),)}}
 
     RETURN_TYPES = ("CLIP",)
     FUNCTION = "load"
@@ -88,7 +88,7 @@ class KeepFastTestCheckpoint:
     def INPUT_TYPES(cls):
         import folder_paths
 
-        return {"required": {"family": (list(comfy_families.FAMILIES),),
+        return {"required": {"family": (list(comfy_families.TEMPLATE_FAMILIES),),
                              "vae_name": (folder_paths.get_filename_list("vae"),)}}
 
     RETURN_TYPES = ("MODEL", "CLIP", "VAE")
@@ -96,13 +96,53 @@ class KeepFastTestCheckpoint:
     CATEGORY = "testing"
 
     def load(self, family, vae_name):
-        import nodes
+        import comfy.sd
+        import comfy.utils
+        import folder_paths
 
-        vae = nodes.VAELoader().load_vae(vae_name)[0]
+        # as a checkpoint's VAE is loaded: with the file's metadata (LTX-Video's VAE config lives there)
+        sd, metadata = comfy.utils.load_torch_file(folder_paths.get_full_path_or_raise("vae", vae_name),
+                                                   return_metadata=True)
+        vae = comfy.sd.VAE(sd=sd, metadata=metadata)
         return (_family_model(family, 0).patcher, _TinyTextEncoder(family), vae)
 
 
+class _TinyClipVision:
+    """What CLIPVisionEncode needs of a CLIP_VISION: encode_image(), giving CLIP-ViT-H-shaped hidden states
+    seeded by the image's pixels (a run with and one without the pack see the same features)."""
+
+    def encode_image(self, image, crop=True):
+        import torch
+        from comfy.clip_vision import Output
+
+        seed = zlib.crc32(image.float().mul(255).round().to(torch.uint8).numpy().tobytes())
+        g = torch.Generator().manual_seed(seed)
+        shape = (image.shape[0], comfy_families.CLIP_VISION_TOKENS, comfy_families.CLIP_VISION_WIDTH)
+        out = Output()
+        out["penultimate_hidden_states"] = torch.randn(shape, generator=g)
+        out["last_hidden_state"] = torch.randn(shape, generator=g)
+        out["image_embeds"] = torch.randn((image.shape[0], 1024), generator=g)
+        out["mm_projected"] = None
+        return out
+
+
+class KeepFastTestCLIPVision:
+    """CLIPVisionLoader's CLIP_VISION: ComfyUI fixes CLIP-ViT-H's widths (632 M parameters)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {}}
+
+    RETURN_TYPES = ("CLIP_VISION",)
+    FUNCTION = "load"
+    CATEGORY = "testing"
+
+    def load(self):
+        return (_TinyClipVision(),)
+
+
 NODE_CLASS_MAPPINGS = {
+    "KeepFastTestCLIPVision": KeepFastTestCLIPVision,
     "KeepFastTestTinyModel": KeepFastTestTinyModel,
     "KeepFastTestTextEncoder": KeepFastTestTextEncoder,
     "KeepFastTestCheckpoint": KeepFastTestCheckpoint,
