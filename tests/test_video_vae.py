@@ -144,3 +144,31 @@ def test_outside_its_scope_a_shared_chunk_module_runs_as_it_always_did():
     assert _counts(registry)["compile"] == 0 and server.forward.graph_calls == 0
     server.uninstall()
     assert "forward" not in vae.decoder.__dict__
+
+
+def test_wan_2_2s_residual_vae_is_served_by_the_graphs_of_its_first_video():
+    """Wan 2.2's VAE (residual up/down blocks, 2x2 patches, a `first_chunk` flag on the decoder's first chunk):
+    the first video compiles one graph per cache state, then other frame counts, sizes and a batch of 2 compile
+    nothing and equal eager."""
+    torch.manual_seed(1)
+    vae = AutoencoderKLWan(base_dim=8, decoder_base_dim=8, z_dim=Z, dim_mult=[1, 2, 2], num_res_blocks=1,
+                           temperal_downsample=[True, False], latents_mean=[0.0] * Z, latents_std=[1.0] * Z,
+                           is_residual=True, patch_size=2, in_channels=12, out_channels=12,
+                           scale_factor_spatial=8).eval()  # 3 colours x 2x2 patches, as Wan 2.2 configures it
+    with torch.no_grad():
+        for parameter in vae.parameters():
+            parameter.normal_(0.0, 0.1)
+    twin = copy.deepcopy(vae)
+    pipe = SimpleNamespace(vae=vae)
+    registry = GraphRegistry()
+    compile_pipe(pipe, shape_range=RANGE, ignores=("vae.encoder",), registry=registry)
+    first = _latent(1, 3, 8, 8)
+    assert float((_decode(vae, first) - _decode(twin, first)).abs().max()) < 1e-4
+    counts = _counts(registry)
+    assert counts["compile"] == C.EXAMPLE_CHUNKS and counts["fallback"] == 0 and counts["mismatch"] == 0, counts
+    for shape in ((1, 5, 6, 10), (1, 1, 8, 8), (2, 2, 8, 8)):
+        latent = _latent(*shape)
+        got, want = _decode(vae, latent), _decode(twin, latent)
+        assert got.shape == want.shape, shape
+        assert float((got - want).abs().max()) < 1e-4, shape
+    assert _counts(registry) == counts
