@@ -175,8 +175,10 @@ def test_the_first_image_compiles_and_equals_eager(runs):
     assert first["delta"]["compiles"] > 0, first["delta"]
     compiles = _reasons(first["messages"], "compile")
     vae = [r for r in compiles if r.startswith("VAE decode (")]
-    if template.whole_vae:  # one graph serves the node's whole batch range (no corner graph for batch 2)
-        assert len(vae) == 1, compiles
+    if template.whole_vae:  # a graph for the first image (none where an earlier template's VAE graph serves),
+        # and at most one more for the range's other corner, with the guard that needs it named (ComfyUI's KL
+        # VAE: torch's fake convolution picks its memory format with a `batch > 1` test, docs/families.md)
+        assert len(vae) <= 2 and all("range corner" in r and "shape guard" in r for r in vae[1:]), compiles
     assert first["delta"]["mismatches"] == 0, _reasons(first["messages"], "mismatch")
     _assert_same(first["images"], first["eager"], f"{template.name} first")
 
