@@ -16,7 +16,7 @@ So each chunk call is one call of a `CompiledForward` over
 "Rep" or a tensor. The graph returns the chunk's output and the new cache,
 with the two markers as empty tensors of rank 1 (empty) and 2 ("Rep"), which
 `write_back` puts into the caller's list. The spatial sides are dynamic and
-a batch of videos runs one video at a time; frame counts never reach a graph,
+a batch of videos runs one video at a time (`chunk_options`); frame counts never reach a graph,
 so every video length and batch is served by the same two or three graphs per
 operation.
 
@@ -103,15 +103,6 @@ def _is_marker(entry: torch.Tensor) -> bool:
     return entry.numel() == 0 and entry.dim() in (1, 2)
 
 
-def _splits(x: Any, cached: Sequence[torch.Tensor], options: dict) -> bool:
-    """Whether a chunk call holds several videos that each cached entry holds too (see _one_video_at_a_time)."""
-    if not isinstance(x, torch.Tensor) or x.dim() != 5 or x.shape[0] < 2:
-        return False
-    if any(isinstance(value, torch.Tensor) for value in options.values()):
-        return False
-    return all(t.dim() == 5 and t.shape[0] == x.shape[0] for t in cached)
-
-
 def write_back(cache: List[Any], markers: Sequence[torch.Tensor]) -> None:
     """Put a chunk's new cache (tensors, and the markers for empty and "Rep") into the caller's list."""
     for slot, marker in enumerate(markers):
@@ -124,11 +115,13 @@ def write_back(cache: List[Any], markers: Sequence[torch.Tensor]) -> None:
 def chunk_options(options: CompileOptions) -> CompileOptions:
     """Chunk graphs compile for the shapes met, not for the range's corners up front.
 
-    Chunks are traced at batch 1 (a chunk traced at 2 serves 2 and up only: torch's fake Conv3d picks its
-    backend with a `batch > 1` guard), and a chunk of several videos is served one video at a time from
-    those graphs (`ChunkServer._one_video_at_a_time`): one graph per cache state for every batch size.
+    Every op of these VAEs works on each video alone (causal convolutions, per-pixel norms, attention
+    within a frame), so chunks are traced from one video and a chunk of several videos is served one
+    video at a time where a graph does not take the batch whole (samples.py; on CPU a chunk traced at 2
+    serves 2 and up only: torch's fake Conv3d picks its backend with a `batch > 1` guard). Qwen-Image's
+    images are one-frame videos: one graph per cache state for every batch size.
     """
-    return options.with_(role_policy=chunk_roles, cover_range=False)
+    return options.with_(role_policy=chunk_roles, cover_range=False, samples_independent=True)
 
 
 def example_frames(decoding: bool) -> int:
@@ -195,8 +188,7 @@ class ChunkServer:
         if state is None:
             return own(self.module, x, feat_cache=feat_cache, feat_idx=index, **options)
         cached = tuple(entry for entry in feat_cache if isinstance(entry, torch.Tensor))
-        stepped = self._one_video_at_a_time(x, cached, state, options) if _splits(x, cached, options) else None
-        out, markers = stepped if stepped is not None else self._step(x, cached, state, options)
+        out, markers = self._step(x, cached, state, options)
         # `feat_idx` is the forward's cursor into the cache: every caller (ComfyUI's Wan VAEs, diffusers'
         # AutoencoderKLWan) passes a fresh [0] per chunk and never reads it back, so a graph leaves it alone.
         write_back(feat_cache, markers)
@@ -211,28 +203,6 @@ class ChunkServer:
             return chunk(self.module, x, cached, state, **options)
         served = self.forward.serve(args, options, eager=lambda *a, **k: chunk(self.module, *a, **k))
         return served.output
-
-    def _one_video_at_a_time(self, x: torch.Tensor, cached: Tuple[torch.Tensor, ...], state: str,
-                             options: dict) -> Optional[tuple]:
-        """A chunk of several videos as one chunk per video, joined (None: the chunk does not split).
-
-        A chunk traced at batch 1 serves 1 only, and one traced at 2 serves 2 and up only (torch's fake
-        Conv3d picks its kernel with a `batch > 1` guard), so batches of several videos (Qwen-Image's
-        images are one-frame videos) would need graphs of their own, compiled when first met. Every op of
-        these VAEs works on each video alone (causal convolutions, per-pixel norms, attention within a
-        frame), so the batch-1 graphs serve them, one video at a time; the first-use check still compares
-        each new shape with the model.
-        """
-        steps = [self._step(x[i:i + 1], tuple(t[i:i + 1] for t in cached), state, options)
-                 for i in range(x.shape[0])]
-        if not all(isinstance(out, torch.Tensor) for out, _ in steps):
-            return None
-        joined = []
-        for column in zip(*(markers for _, markers in steps)):
-            first = column[0]
-            joined.append(first if _is_marker(first) else torch.cat(column))
-        return torch.cat([out for out, _ in steps]), tuple(joined)
-
 
 def chunk_server(module: torch.nn.Module, options: CompileOptions, registry: GraphRegistry,
                  always: bool = False, traced: ForwardFn = chunk) -> ChunkServer:

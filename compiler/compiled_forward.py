@@ -34,6 +34,7 @@ from .library import GraphLibrary
 from .probes import corner_targets, reshape_call
 from .quiet import third_party_quiet
 from .registry import COMPILE, FALLBACK, MISMATCH, PROGRESS, GraphRegistry, default_registry
+from .samples import CannotJoin, join_samples, samples_of
 from .shapes import DEFAULT_RANGE, ShapeRange, leaf_bounds
 from .signature import FlatCall, RolePolicy, UnsupportedCall
 from .store import GraphRefused, GraphStore, StoreError
@@ -59,6 +60,9 @@ class CompileOptions:
     device: Optional[str] = None
     # The first-use check: a graph's first call with new input shapes is compared with eager (verify.py).
     verify: bool = True
+    # The module computes each batch sample alone (a VAE): graphs are built from one sample, and a batch no
+    # graph serves whole is served one sample at a time (samples.py).
+    samples_independent: bool = False
 
     def with_(self, **changes) -> "CompileOptions":
         return replace(self, **changes)
@@ -184,6 +188,8 @@ class CompiledForward:
                 graph, why = self.obtain(family, call, why)
                 if graph is not None:
                     served, why, copies = self._run_existing(family, call, args, kwargs)
+                    if served is None and self._samples(call):
+                        served, why, copies = self._run_each_sample(family, call, args, kwargs)
         except _Retired as retired:
             return self._eager(family, str(retired), run_eager)
         except UnsupportedCall as error:
@@ -261,6 +267,42 @@ class CompiledForward:
             return Served(output, graph.key.id, graph.origin), None, copies
         return None, why, None
 
+    def _samples(self, call: FlatCall) -> Optional[List[FlatCall]]:
+        """The call as one call per sample where this module takes that (samples_independent), else None."""
+        return samples_of(call) if self.options.samples_independent else None
+
+    def _run_each_sample(self, family: FamilyKey, call: FlatCall, args: tuple,
+                         kwargs: dict) -> Tuple[Optional[Served], Optional[str], Optional[Snapshot]]:
+        """A batch no graph serves whole, served one sample at a time by the graph that serves one (samples.py).
+
+        The first-use check is keyed by the batch's shapes (each new batch size is compared with eager once);
+        a graph retired for one sample's shapes is retired for batches of them too.
+        """
+        samples = self._samples(call)
+        with stage("checking the graphs' shape guards"):
+            graph, reason = self.registry.find(family, samples[0])
+        if graph is None:
+            return None, reason, None
+        verdicts = self.registry.verdicts
+        for probe in (samples[0], call):
+            verdict = verdicts.get(graph.key.id, tuple(probe.shapes))
+            if verdict is not None and not verdict.ok:
+                raise _Retired(retired_reason(graph.key.id, probe.tensor_paths, probe.shapes, verdict))
+        due = self.options.verify and verdicts.get(graph.key.id, tuple(call.shapes)) is None
+        copies = snapshot(args, kwargs) if due else None
+        try:
+            with stage(f"running graph {graph.key.id} one sample at a time"):
+                started = time.perf_counter()
+                output = join_samples([graph.run(self.module, sample) for sample in samples])
+                self._timed("graph", started)
+        except GraphMismatch as mismatch:
+            return None, str(mismatch), None
+        except CannotServe as cannot:
+            return None, f"graph {graph.key.id} cannot serve this call one sample at a time: {cannot}", None
+        except CannotJoin as error:
+            return None, f"the samples' outputs of graph {graph.key.id} do not join into a batch: {error}", None
+        return Served(output, graph.key.id, graph.origin), None, copies
+
     def _eager(self, family: Optional[FamilyKey], reason: str, run_eager: Callable[[], Any]) -> Served:
         self.eager_calls += 1
         self._count("eager")
@@ -284,7 +326,13 @@ class CompiledForward:
     # -- getting a graph ------------------------------------------------------
     def obtain(self, family: FamilyKey, call: FlatCall, why: Optional[str] = None,
                progress: Optional[Progress] = None) -> Tuple[Optional[CompiledGraph], Optional[str]]:
-        """Load or compile a graph that serves `call`; (None, reason) if there is none."""
+        """Load or compile a graph that serves `call`; (None, reason) if there is none.
+
+        For a module whose samples are independent the graph is had for the call's first sample: it serves
+        the call one sample at a time, or whole where its guards accept the batch.
+        """
+        samples = self._samples(call)
+        call = samples[0] if samples else call
         settled_key = (family.id, tuple(call.shapes))
         settled = self._settled.get(settled_key)
         if settled and settled[0] == self.registry.generation:
@@ -401,7 +449,10 @@ class CompiledForward:
         Whether a graph serves a corner is read from its guards, never by running
         it there (see CompiledGraph.guard_failure).
         """
-        for batch, height, width in corner_targets(self.options.shape_range):
+        shape_range = self.options.shape_range
+        if self.options.samples_independent:  # batches are served by the graphs of one sample
+            shape_range = replace(shape_range, batch=(shape_range.batch[0], shape_range.batch[0]))
+        for batch, height, width in corner_targets(shape_range):
             probe = reshape_call(call, batch, height, width)
             if probe is None:
                 continue
@@ -480,6 +531,7 @@ class CompiledForward:
         if graph is None:
             return Served(None, reason=why or "no graph")
         if not getattr(graph, "ready", True):
+            samples = self._samples(call)
             with stage(f"running graph {graph.key.id}"):
-                graph.run(self.module, call)  # backends that build on first run (torch.compile)
+                graph.run(self.module, samples[0] if samples else call)  # backends that build on first run
         return Served(None, graph.key.id, graph.origin)

@@ -124,6 +124,7 @@ def compile_pipe(
         options = CompileOptions(
             backend=backend, shape_range=target_range(pipe, target, shape_range), store=store, autosave=autosave,
             compile_on_miss=compile_on_miss, label=target, verify=verify,
+            samples_independent=target.startswith("vae."),  # a VAE decodes and encodes each image alone
         )
         if takes_feature_cache(module):  # a video VAE (AutoencoderKLWan): served chunk by chunk
             parts[target] = chunk_server(module, options, registry or default_registry(), always=True).forward
@@ -162,7 +163,7 @@ def example_calls(pipe, target: str, shape_range: ShapeRange, batch: int = 2,
         return [((sample, timestep), kwargs)]
     vae = pipe.vae
     server = installed_chunk_server(module)
-    if server is not None:  # one video at a time, as video pipelines decode (a batch of 2 compiles when met)
+    if server is not None:  # one video: a batch of several is served by its graphs one video at a time
         return _chunk_calls(vae, target, server, shape_range.batch[0], side, options)
     if target == "vae.decoder":
         channels = vae.config.latent_channels

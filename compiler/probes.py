@@ -76,7 +76,7 @@ def trace_example(call: FlatCall, bounds: LeafBounds) -> TraceExample:
     if not widened:
         return TraceExample(call, (), tuple(pinned))
     args, kwargs = call.rebuild(tensors)
-    return TraceExample(FlatCall(args, kwargs, _same_roles(roles)), tuple(widened), tuple(pinned))
+    return TraceExample(FlatCall(args, kwargs, same_roles(roles)), tuple(widened), tuple(pinned))
 
 
 def pinned_example(call: FlatCall, bounds: LeafBounds) -> TraceExample:
@@ -131,7 +131,7 @@ def reshape_call(call: FlatCall, batch: int, height: int, width: int) -> FlatCal
                 shape[d] = scaled // ref
         tensors.append(torch.zeros(shape, dtype=tensor.dtype, device=tensor.device))
     args, kwargs = call.rebuild(tensors)
-    return FlatCall(args, kwargs, _same_roles(roles))
+    return FlatCall(args, kwargs, same_roles(roles))
 
 
 def narrowed_to_one(call: FlatCall, bounds: LeafBounds) -> List[Tuple[str, FlatCall, List[Tuple[int, int]]]]:
@@ -149,17 +149,18 @@ def narrowed_to_one(call: FlatCall, bounds: LeafBounds) -> List[Tuple[str, FlatC
         for leaf, dim in where:
             tensors[leaf] = tensors[leaf].narrow(dim, 0, 1)
         args, kwargs = call.rebuild(tensors)
-        out.append((role, FlatCall(args, kwargs, _same_roles(roles)), where))
+        out.append((role, FlatCall(args, kwargs, same_roles(roles)), where))
     return out
 
 
 def cloned(call: FlatCall) -> FlatCall:
     """The same call on copies of its tensors (a run that may update inputs in place leaves `call` alone)."""
     args, kwargs = call.rebuild([tensor.clone() for tensor in call.tensors])
-    return FlatCall(args, kwargs, _same_roles([t.dims for t in call.signature.tensors]))
+    return FlatCall(args, kwargs, same_roles([t.dims for t in call.signature.tensors]))
 
 
-def _same_roles(roles: Sequence[Tuple]):
+def same_roles(roles: Sequence[Tuple]):
+    """A role policy giving a call made from another the other's roles, tensor by tensor."""
     lookup = iter(roles)
 
     def policy(path, tensor):
@@ -176,4 +177,4 @@ def with_sequence(call: FlatCall, length: int) -> FlatCall:
         shape = [length if role == SEQUENCE else size for size, role in zip(tensor.shape, dims)]
         tensors.append(torch.zeros(shape, dtype=tensor.dtype, device=tensor.device))
     args, kwargs = call.rebuild(tensors)
-    return FlatCall(args, kwargs, _same_roles(roles))
+    return FlatCall(args, kwargs, same_roles(roles))

@@ -115,6 +115,7 @@ class VaeRunner:
             store=runtime.store(), autosave=s.autosave, cover_range=s.cover_range,
             label=f"VAE {op} ({architecture_name(self.module)})", counter="vae", device=str(self.device),
             verify=s.verify, role_policy=video_roles if self.whole_video else None,
+            samples_independent=True,  # each image (or video) alone: one graph serves every batch size
         )
 
     def run(self, op: str, sample: torch.Tensor, **options):

@@ -97,12 +97,18 @@ def test_other_frame_counts_and_sizes_compile_nothing(served):
         assert after["compile"] == before["compile"] and after["fallback"] == before["fallback"], (shape, after)
 
 
-def test_two_videos_at_once_are_served_one_at_a_time_by_the_same_graphs(served):
+def test_two_videos_at_once_are_served_one_at_a_time_by_the_same_graphs(served, monkeypatch):
     """A chunk traced at batch 2 would serve 2 and up only; the batch-1 graphs serve each video of the batch."""
+    from compiler.backends import aot
+
     pipe, twin, registry, _, _, _ = served
     before = _counts(registry)
     decoder = pipe.vae.decoder.forward.forward  # the CompiledForward behind the installed ChunkServer
     graph_calls = decoder.graph_calls
+    runs = []
+    run = aot.AotGraph.run
+    monkeypatch.setattr(aot.AotGraph, "run", lambda graph, module, call: runs.append(call.shapes[0][0]) or
+                        run(graph, module, call))
     for shape in ((2, 2, 8, 8), (2, 2, 6, 12), (3, 1, 8, 8)):
         latent = _latent(*shape)
         got, want = _decode(pipe.vae, latent), _decode(twin, latent)
@@ -110,7 +116,8 @@ def test_two_videos_at_once_are_served_one_at_a_time_by_the_same_graphs(served):
         assert float((got - want).abs().max()) < 1e-4, shape
     after = _counts(registry)
     assert after == before, (before, after)  # no compile, fallback or mismatch
-    assert decoder.graph_calls - graph_calls == 2 * 2 + 2 * 2 + 3 * 1  # one call per video and latent frame
+    assert decoder.graph_calls - graph_calls == 2 + 2 + 1  # one served call per latent frame
+    assert runs == [1] * (2 * 2 + 2 * 2 + 3 * 1)  # one graph run per video and latent frame
     assert decoder.eager_calls == 0
 
 

@@ -1,10 +1,15 @@
 """ComfyUI's video VAEs through VAE Speedup; run by test_comfyui_video_vae.py.
 
-    python kf_video_vae.py PACK_DIR BASE_DIR first|restart wan|ltxv
+    python kf_video_vae.py PACK_DIR BASE_DIR first|restart wan|wan22|ltxv
 
 wan: a tiny Wan 2.1 VAE (ComfyUI's own `comfy.sd.VAE`, detected from a state
 dict of `comfy.ldm.wan.vae.WanVAE` with 8 base channels, random weights),
-which decodes one latent frame at a time with a feature cache. ltxv: LTX-Video's
+which decodes one latent frame at a time with a feature cache. wan22: Wan 2.2's
+VAE (`comfy.ldm.wan.vae2_2`: residual blocks, 2x2 patches, 48 latent channels,
+16x spatial), detected and set up by ComfyUI's own loader branch; that branch
+fixes the widths (160 and 256 base channels, 705 M parameters, too slow for
+this CPU), so the class it builds is ComfyUI's with both cut to WAN22_WIDTH
+(`_NarrowWan22`). ltxv: LTX-Video's
 causal VideoVAE (comfy_models' LTXV_VAE_CONFIG, read from the file's metadata
 as VAELoader reads it), which decodes a whole video in one pass.
 `first` (an empty graphs folder): VAE Speedup, then Save Graph before any
@@ -35,6 +40,32 @@ FIRST = [("decode", 128, 128, 1, 3), ("decode", 192, 128, 1, 5), ("decode", 128,
          ("encode", 128, 128, 1, 9), ("encode", 192, 128, 1, 5), ("encode", 128, 192, 1, 13)]
 RESTART = [("decode", 160, 128, 1, 4), ("decode", 128, 128, 1, 1), ("decode", 160, 128, 2, 1),
            ("encode", 160, 128, 1, 9)]
+# Wan 2.2: 16x spatial (sizes multiples of 16), 48 latent channels; frames as Wan 2.1's.
+WAN22_FIRST = [("decode", 128, 128, 1, 3), ("decode", 192, 128, 1, 5), ("decode", 128, 128, 2, 2),
+               ("encode", 128, 128, 1, 9), ("encode", 192, 128, 1, 5)]
+WAN22_RESTART = [("decode", 160, 128, 1, 4), ("decode", 128, 128, 2, 1), ("encode", 160, 128, 1, 9)]
+
+
+WAN22_WIDTH = 16
+
+
+class _NarrowWan22:
+    """While open, ComfyUI's loader builds its Wan 2.2 VAE class with WAN22_WIDTH base channels (same class name)."""
+
+    def __enter__(self):
+        import comfy.ldm.wan.vae2_2 as wan22
+
+        self.module, self.original = wan22, wan22.WanVAE
+
+        class WanVAE(self.original):
+            def __init__(self, dim=160, dec_dim=256, **config):
+                super().__init__(dim=WAN22_WIDTH, dec_dim=WAN22_WIDTH, **config)
+
+        wan22.WanVAE = WanVAE
+        return WanVAE
+
+    def __exit__(self, *exc):
+        self.module.WanVAE = self.original
 
 
 def _vae(kind: str, seed: int):
@@ -55,6 +86,13 @@ def _vae(kind: str, seed: int):
         for name, buffer in source.named_buffers():
             buffer.fill_(1.0 if "std" in name else 0.0)
         return comfy.sd.VAE(sd=source.state_dict(), metadata={"config": _json.dumps({"vae": LTXV_VAE_CONFIG})}), 128, 32
+    if kind == "wan22":
+        with _NarrowWan22() as narrow:
+            source = narrow(z_dim=48, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                            temperal_downsample=[False, True, True])
+            for parameter in source.parameters():
+                parameter.data.normal_(0.0, 0.05)
+            return comfy.sd.VAE(sd=source.state_dict()), 48, 16
     import comfy.ldm.wan.vae
 
     source = comfy.ldm.wan.vae.WanVAE(dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
@@ -76,7 +114,8 @@ def main(pack: str, base: str, phase: str, kind: str = "wan") -> dict:
     runtime = sys.modules[name + ".nodes.runtime"]
     sys.path.insert(0, pack)  # compiler.testing, for the LTX-Video config
     vae, channels, scale = _vae(kind, 0 if phase == "first" else 5)
-    first_calls, restart_calls = (LTXV_FIRST, LTXV_RESTART) if kind == "ltxv" else (FIRST, RESTART)
+    first_calls, restart_calls = {"ltxv": (LTXV_FIRST, LTXV_RESTART), "wan22": (WAN22_FIRST, WAN22_RESTART)}.get(
+        kind, (FIRST, RESTART))
     registry = runtime.registry()
 
     def counts() -> dict:

@@ -8,6 +8,8 @@ Graph before any video builds the chunk graphs of an example video (one per cach
 decode at three frame counts and two sizes and encode at three frame counts and two sizes, at batch 1 and 2
 (a video at a time), compile nothing and equal the VAE without the node; a new process with other weights loads
 the graphs and compiles nothing.
+Wan 2.2's VAE (ComfyUI's vae2_2 classes through ComfyUI's own loader branch, widths cut, kf_video_vae.py) is
+served the same way.
 LTX-Video's VAE decodes a whole video in one pass (causal 3-D convolutions): one graph per operation, frames a
 dynamic axis, built by Save Graph before any video from an example of 9 frames (2 latent), then other frame
 counts, sizes and batches, and after a restart, the same.
@@ -31,7 +33,7 @@ pytestmark = pytest.mark.comfyui
 TOLERANCE = 1e-4  # float32 pixels in [-1, 1]
 CACHE_STATES = 3  # first chunk, second chunk, every later chunk (compiler/cached_steps.py)
 # kind -> (ComfyUI's class, graphs per operation)
-KINDS = {"wan": ("WanVAE", CACHE_STATES), "ltxv": ("VideoVAE", 1)}
+KINDS = {"wan": ("WanVAE", CACHE_STATES), "wan22": ("WanVAE", CACHE_STATES), "ltxv": ("VideoVAE", 1)}
 
 
 def _run(base, phase: str, kind: str) -> dict:
