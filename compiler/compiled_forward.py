@@ -25,7 +25,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from .backends import DEFAULT_BACKEND, BackendUnavailable, CompiledGraph, CompileFailed, get_backend
-from .backends.base import CannotServe, CompileDeferred, GraphMismatch, GuardsUnknown, Progress, range_failure
+from .backends.base import (CannotServe, CompileDeferred, GraphMismatch, GuardsUnknown, PendingGraph, Progress,
+                            range_failure)
 from .binding import CallBinder, CallDoesNotBind
 from .boundary import Failure, contain, stage
 from .flat_module import ForwardFn
@@ -63,6 +64,10 @@ class CompileOptions:
     # The module computes each batch sample alone (a VAE): graphs are built from one sample, and a batch no
     # graph serves whole is served one sample at a time (samples.py).
     samples_independent: bool = False
+    # Graphs build in a child process while calls run eager; each serves from the call after it lands
+    # (docs/background.md).
+    # Warmup and Save Graph still wait for theirs.
+    background: bool = False
 
     def with_(self, **changes) -> "CompileOptions":
         return replace(self, **changes)
@@ -83,6 +88,16 @@ class Served:
 
     def describe(self) -> str:
         return f"eager: {self.reason}" if self.eager else f"{self.origin} graph"
+
+
+@dataclass
+class _Building:
+    """A background build and what its landing records."""
+
+    pending: PendingGraph
+    family: FamilyKey
+    call: FlatCall
+    reason: str
 
 
 class _Retired(Exception):
@@ -113,6 +128,8 @@ class CompiledForward:
         self._settled: Dict[tuple, Tuple[int, str]] = {}
         self._compile_failed: Dict[str, str] = {}  # family id -> why; not retried in this process
         self._declared: Dict[str, set] = {}  # family id -> input shapes a warmup asked graphs for
+        self._building: Dict[str, _Building] = {}  # family id -> its graph's background build
+        self._blocking = 0  # inside warmup: builds are waited for
         self.last: Optional[Served] = None
         self.eager_calls = 0
         self.graph_calls = 0
@@ -172,6 +189,8 @@ class CompiledForward:
         eager = eager or self.eager
         run_eager = lambda: eager(*args, **kwargs)  # noqa: E731
         family: Optional[FamilyKey] = None
+        if self._building:
+            self.land_builds()
         if eager_reason is not None:
             return self._eager(None, eager_reason, run_eager)
         try:
@@ -388,6 +407,8 @@ class CompiledForward:
             reason = why
         else:
             reason = "first call for this model, dtype and input structure"
+        if options.background and not self._blocking:
+            return self._build_in_background(backend, family, call, reason)
         graph, error = self._compile(backend, family, call, reason, progress)
         if graph is None:
             self._compile_failed[family.id] = error
@@ -395,6 +416,81 @@ class CompiledForward:
         if options.cover_range and not backend.static_shapes:
             self._cover(backend, family, call, progress)
         return graph, None
+
+    # -- background builds ---------------------------------------------------
+    def _build_in_background(self, backend, family: FamilyKey, call: FlatCall, reason: str):
+        """Start the family's build in a child process and run this call eager (CompileDeferred: not settled,
+        a later call finds the graph once it lands). A backend that cannot build off the caller's process
+        compiles now, as without the option."""
+        building = self._building.get(family.id)
+        if building is not None:
+            raise CompileDeferred(f"its graph is building in the background ({building.pending.seconds:.0f} s so far)")
+        key = GraphKey(family, self.options.shape_range)
+        log.info("%s: building in the background (%s)", self.label, reason)
+        try:
+            with third_party_quiet():
+                pending = backend.start_compile(self.module, self.forward_fn, call, key)
+        except BackendUnavailable:
+            graph, error = self._compile(backend, family, call, reason, None)
+            if graph is None:
+                self._compile_failed[family.id] = error
+            return graph, error
+        except Exception as error:  # noqa: BLE001 - tracing failed: as a failed compile
+            failure = f"compile failed: {error}" if isinstance(error, CompileFailed) else \
+                f"compile failed: {type(error).__name__}: {error}"
+            self._compile_failed[family.id] = failure
+            return None, failure
+        self._building[family.id] = _Building(pending, family, call, reason)
+        self.registry.record(PROGRESS, family, f"{self.label}: building in the background ({reason})",
+                             detail={"fraction": 0.0, "background": True})
+        raise CompileDeferred("its graph is building in the background; this call runs eager")
+
+    def land_builds(self) -> int:
+        """Take in the background builds that finished: their graphs serve calls from now on (the first-use
+        check applies to each). A failed build leaves its inputs eager with the reason. Returns how many landed."""
+        landed = 0
+        for family_id, building in list(self._building.items()):
+            if not building.pending.done():
+                continue
+            del self._building[family_id]
+            family = building.family
+            try:
+                with stage("taking in a graph built in the background"), third_party_quiet():
+                    graph = building.pending.finish(self.module)
+            except Exception as error:  # noqa: BLE001 - the boundary: a failed build costs speed only
+                why = f"compile failed: {error}" if isinstance(error, CompileFailed) else \
+                    f"compile failed: {type(error).__name__}: {error}"
+                self._compile_failed[family_id] = why
+                log.warning("%s: the background build failed: %s", self.label, why)
+                continue
+            self.registry.add(graph)
+            self.registry.record(COMPILE, family, f"{self.label}: {building.reason} (built in the background)",
+                                 seconds=building.pending.seconds, graph_id=graph.key.id,
+                                 detail={"shapes": [list(s) for s in building.call.shapes], "background": True})
+            if self.options.autosave and self.options.store is not None and graph.persistent:
+                self.save_graph(graph, building.call)
+            landed += 1
+        return landed
+
+    def wait_for_builds(self, timeout: Optional[float] = None) -> int:
+        """Wait until every background build has finished (or `timeout` s passed), then land them."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while any(not b.pending.done() for b in self._building.values()):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        return self.land_builds()
+
+    def cancel_builds(self) -> int:
+        """Stop every background build (unloading the model, stopping the workflow); returns how many."""
+        building, self._building = self._building, {}
+        for entry in building.values():
+            entry.pending.cancel()
+        return len(building)
+
+    @property
+    def builds_pending(self) -> int:
+        return len(self._building)
 
     def _graph_limit(self, backend, family: FamilyKey) -> int:
         """Graphs one family may hold: the backend's bound, or as many shapes as warmups declared.
@@ -500,6 +596,14 @@ class CompiledForward:
 
         Never raises for a graph that cannot be had: the result says why.
         """
+        self._blocking += 1
+        try:
+            self.wait_for_builds()  # a build already started for these inputs lands first
+            return self._warmup(calls, progress)
+        finally:
+            self._blocking -= 1
+
+    def _warmup(self, calls, progress) -> List[Served]:
         results = []
         flat: List[Tuple[Optional[FlatCall], Optional[str]]] = []
         for args, kwargs in calls:

@@ -92,6 +92,7 @@ def compile_pipe(
     compile_on_miss: bool = True,
     registry: Optional[GraphRegistry] = None,
     verify: bool = True,
+    background: bool = False,
 ):
     """Compile the pipeline's UNet or transformer(s) and VAE (decoder and encoder) in place; returns `pipe`.
 
@@ -99,6 +100,9 @@ def compile_pipe(
     block by block (`compiler.blocks`): one graph per distinct block structure.
     `verify`: the first-use check (compiler/verify.py) compares each graph's
     first call with new input shapes against eager; on by default.
+    `background`: the UNet's and VAE's graphs build in a child process while
+    the pipeline runs eager, and serve from the call after they land
+    (docs/background.md); transformer blocks still build before their first call.
     """
     ignores = set(ignores)
     unknown = ignores - set(TARGETS)
@@ -125,6 +129,7 @@ def compile_pipe(
             backend=backend, shape_range=target_range(pipe, target, shape_range), store=store, autosave=autosave,
             compile_on_miss=compile_on_miss, label=target, verify=verify,
             samples_independent=target.startswith("vae."),  # a VAE decodes and encodes each image alone
+            background=background,
         )
         if takes_feature_cache(module):  # a video VAE (AutoencoderKLWan): served chunk by chunk
             parts[target] = chunk_server(module, options, registry or default_registry(), always=True).forward

@@ -40,7 +40,8 @@ from ..probes import cloned, narrowed_to_one, pinned_example, trace_example
 from ..shapes import leaf_bounds
 from ..signature import FlatCall
 from ..verify import compare
-from .base import Backend, CompileFailed, CompiledGraph, PackageInfo, Progress, no_progress
+from . import package_builds
+from .base import Backend, CompileFailed, CompiledGraph, PackageInfo, PendingGraph, Progress, no_progress
 from .export_guards import exported_shapes, guard_texts
 
 log = logging.getLogger("keepfast")
@@ -303,8 +304,7 @@ def build_package(ep: "torch.export.ExportedProgram", progress: Progress = no_pr
     the pack's own folder, and loaded once -- without probing the CPU -- to
     read the weight names it needs and what it needs of a machine.
     """
-    march = machine_fit.build_march()
-    configs = {**PACKAGE_CONFIG, **({"cpp.march": march} if march else {})}
+    march, configs = package_configs()
     with tempfile.TemporaryDirectory(prefix="keepfast-aoti-", dir=extraction.run_folder()) as folder:
         target = os.path.join(folder, "graph.pt2")
         try:
@@ -312,6 +312,17 @@ def build_package(ep: "torch.export.ExportedProgram", progress: Progress = no_pr
         except Exception as error:
             raise CompileFailed(f"AOTInductor failed: {type(error).__name__}: {_first_line(error)}") from error
         package = Path(target).read_bytes()
+    return read_package(package, march, progress)
+
+
+def package_configs() -> Tuple[Optional[str], dict]:
+    """(the CPU level packages are built for, Inductor's settings for a weight-free package)."""
+    march = machine_fit.build_march()
+    return march, {**PACKAGE_CONFIG, **({"cpp.march": march} if march else {})}
+
+
+def read_package(package: bytes, march: Optional[str], progress: Progress = no_progress) -> Tuple[bytes, List[str], dict]:
+    """(bytes, weight names, machine needs) of a package built here (in this process or a build process)."""
     progress("loading the compiled package", 0.95)
     folder = extraction.extract(package, "compiled")
     try:
@@ -357,6 +368,14 @@ class AotBackend(Backend):
                 graph = self._build(traced, call, key, progress)
         return self._checked_at_one(graph, traced.flat, module, call, key)
 
+    def start_compile(self, module, forward_fn, call: FlatCall, key: GraphKey) -> "AotPending":
+        """Trace now (it reads the module), build the package in a child process (package_builds.py)."""
+        traced = trace(module, forward_fn, call, key.shape_range)
+        if traced.flat.out_spec is None:
+            raise CompileFailed("the model's output structure was not seen while tracing")
+        march, configs = package_configs()
+        return AotPending(self, module, forward_fn, call, key, traced, march, package_builds.start(traced.ep, configs))
+
     def _checked_at_one(self, graph: "AotGraph", flat: FlatForward, module, call: FlatCall,
                         key: GraphKey) -> "AotGraph":
         """The graph, told to serve 2 and up where its guards accept a size of 1 it computes differently.
@@ -379,17 +398,51 @@ class AotBackend(Backend):
     def _build(self, traced: Traced, call: FlatCall, key: GraphKey, progress: Progress) -> AotGraph:
         if traced.flat.out_spec is None:
             raise CompileFailed("the model's output structure was not seen while tracing")
-        info = PackageInfo(
-            guards=traced.guards,
-            out_spec=dump_out_spec(traced.flat.out_spec),
-            input_paths=call.tensor_paths,
-        )
         progress("compiling with AOTInductor", 0.3)
-        package, info.constant_names, info.needs = build_package(traced.ep, progress)
-        return AotGraph(key.with_variant(traced.guards), package, info, origin="compiled")
+        return _graph(traced, call, key, build_package(traced.ep, progress))
+
+    def finish_compile(self, pending: "AotPending", module) -> AotGraph:
+        """The graph of a background build, checked as `compile` checks one (the rare second trace at 1 runs
+        here, in the caller's process)."""
+        traced, call, key = pending.traced, pending.call, pending.key
+        graph = _graph(traced, call, key, read_package(pending.build.result(), pending.march))
+        if traced.widened and size_one_disagreement(graph, module, traced.flat, call) is not None:
+            traced = trace(module, pending.forward_fn, call, key.shape_range, widen=False)
+            graph = self._build(traced, call, key, no_progress)
+        return self._checked_at_one(graph, traced.flat, module, call, key)
 
     def load_bytes(self, package_bytes: bytes, key: GraphKey, info: PackageInfo) -> AotGraph:
         return AotGraph(key, package_bytes, info, origin="loaded")
+
+
+def _graph(traced: Traced, call: FlatCall, key: GraphKey, built: Tuple[bytes, List[str], dict]) -> AotGraph:
+    package, names, needs = built
+    info = PackageInfo(guards=traced.guards, out_spec=dump_out_spec(traced.flat.out_spec),
+                       input_paths=call.tensor_paths)
+    info.constant_names, info.needs = names, needs
+    return AotGraph(key.with_variant(traced.guards), package, info, origin="compiled")
+
+
+class AotPending(PendingGraph):
+    """A graph traced here whose package builds in a child process (package_builds.py)."""
+
+    def __init__(self, backend: AotBackend, module, forward_fn, call: FlatCall, key: GraphKey, traced: Traced,
+                 march: Optional[str], build: "package_builds.PackageBuild"):
+        self.backend, self.forward_fn, self.call, self.key = backend, forward_fn, call, key
+        self.traced, self.march, self.build = traced, march, build
+
+    @property
+    def seconds(self) -> float:
+        return self.build.seconds
+
+    def done(self) -> bool:
+        return self.build.done()
+
+    def finish(self, module) -> AotGraph:
+        return self.backend.finish_compile(self, module)
+
+    def cancel(self) -> None:
+        self.build.cancel()
 
 
 def _first_line(error: BaseException) -> str:

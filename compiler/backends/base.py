@@ -148,6 +148,35 @@ class Backend(ABC):
         """Build a graph from package bytes the store has already verified."""
         raise BackendUnavailable(f"backend {self.name!r} cannot load graphs from disk")
 
+    def start_compile(self, module: torch.nn.Module, forward_fn: ForwardFn, call: FlatCall,
+                      key: GraphKey) -> "PendingGraph":
+        """Start building a graph off the caller's process (what must read the module runs now).
+
+        BackendUnavailable where this backend builds in the caller's process only (the caller then compiles
+        as `compile` does)."""
+        raise BackendUnavailable(f"the {self.name} backend builds graphs in the caller's process only")
+
+
+class PendingGraph(ABC):
+    """A graph being built in the background: poll `done()`, then `finish()` it, or `cancel()` it."""
+
+    @property
+    @abstractmethod
+    def seconds(self) -> float:
+        """Seconds since the build started (until it finished)."""
+
+    @abstractmethod
+    def done(self) -> bool:
+        ...
+
+    @abstractmethod
+    def finish(self, module: torch.nn.Module) -> CompiledGraph:
+        """The graph (may run it on `module` to check it); CompileFailed with the reason if the build failed."""
+
+    @abstractmethod
+    def cancel(self) -> None:
+        """Stop the build; nothing it wrote is left behind."""
+
 
 def range_failure(shapes: Sequence[Sequence[int]], bounds: LeafBounds, paths: Sequence[str]) -> Optional[str]:
     """Check each dynamic dimension against the bounds a graph was built for."""

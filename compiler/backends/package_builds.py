@@ -1,0 +1,151 @@
+"""AOTInductor package builds in a child process: the caller's process never waits on Inductor.
+
+Why a process and not a thread: Inductor is not thread-safe
+(pytorch/pytorch#168042), and the model keeps running eagerly in the caller
+while its graph is built. The exported program travels to the child without
+its weights (`weightless`): a package is built with its weights left out
+(they are bound from the live module at run time), so the child needs only
+their layout, and a build moves kilobytes, not the checkpoint. The child
+(`package_build_child.py`) imports torch only and runs at a lower priority.
+
+A build's folder lives in this process's run folder (compiler/extraction.py,
+swept when a dead process left one) and is removed when the build is read or
+cancelled; live children are killed when this process exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Dict, Optional, Set, Tuple
+
+import torch
+
+from .. import extraction
+from .base import CompileFailed
+
+CHILD = Path(__file__).with_name("package_build_child.py")
+_live: Set["PackageBuild"] = set()
+_lock = threading.Lock()
+
+
+def weightless(ep: "torch.export.ExportedProgram") -> Tuple["torch.export.ExportedProgram", Dict[str, list]]:
+    """(a copy of `ep` whose weights are empty placeholders, each weight's layout to make it again).
+
+    Raises CompileFailed where this torch's ExportedProgram keeps its weights elsewhere than `_state_dict`
+    (the caller then builds in its own process).
+    """
+    weights = getattr(ep, "_state_dict", None)
+    if not isinstance(weights, dict):
+        raise CompileFailed(f"torch {torch.__version__}'s exported programs keep their weights where the pack "
+                            "cannot leave them out; building in this process")
+    layout: Dict[str, list] = {}
+    empty = {}
+    for name, tensor in weights.items():
+        parameter = isinstance(tensor, torch.nn.Parameter)
+        layout[name] = [list(tensor.shape), list(tensor.stride()), str(tensor.dtype).removeprefix("torch."),
+                        str(tensor.device), parameter]
+        placeholder = torch.empty(0, dtype=tensor.dtype)
+        empty[name] = torch.nn.Parameter(placeholder, requires_grad=False) if parameter else placeholder
+    light = copy.copy(ep)
+    light._state_dict = empty
+    return light, layout
+
+
+class PackageBuild:
+    """One package build running in a child process; read it with `result()`, or `cancel()` it."""
+
+    def __init__(self, folder: Path, process: subprocess.Popen):
+        self.folder = folder
+        self.process = process
+        self.started = time.perf_counter()
+        self.finished: Optional[float] = None
+
+    @property
+    def seconds(self) -> float:
+        return (self.finished or time.perf_counter()) - self.started
+
+    def done(self) -> bool:
+        if self.process.poll() is None:
+            return False
+        self.finished = self.finished or time.perf_counter()
+        return True
+
+    def result(self, timeout: Optional[float] = None) -> bytes:
+        """The package's bytes (waiting up to `timeout` s); CompileFailed with the child's reason if it failed."""
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.cancel()
+            raise CompileFailed(f"the package build did not finish in {timeout:.0f} s; cancelled")
+        self.done()
+        try:
+            package = self.folder / "graph.pt2"
+            if self.process.returncode == 0 and package.is_file():
+                return package.read_bytes()
+            raise CompileFailed("AOTInductor failed in the build process: " + self._reason())
+        finally:
+            self._clean()
+
+    def cancel(self) -> None:
+        """Stop the child and remove what it wrote; nothing is left behind."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._clean()
+
+    def _reason(self) -> str:
+        error = self.folder / "error.txt"
+        if error.is_file():
+            return error.read_text().splitlines()[0] if error.read_text().strip() else "no message"
+        log = self.folder / "output.txt"
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
+        return f"exit status {self.process.returncode}" + (f" ({tail[0]})" if tail else "")
+
+    def _clean(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+        with _lock:
+            _live.discard(self)
+
+
+def start(ep: "torch.export.ExportedProgram", configs: dict) -> PackageBuild:
+    """Start building `ep`'s package (weights left out) in a child process."""
+    light, layout = weightless(ep)
+    folder = Path(tempfile.mkdtemp(prefix="build-", dir=extraction.run_folder()))
+    try:
+        torch.export.save(light, str(folder / "program.pt2"))
+        (folder / "job.json").write_text(json.dumps({"weights": layout, "configs": configs}))
+        with open(folder / "output.txt", "w") as output:
+            process = subprocess.Popen([sys.executable, str(CHILD), str(folder)], stdout=output,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    except Exception as error:  # noqa: BLE001 - a build that cannot start is a failed compile
+        shutil.rmtree(folder, ignore_errors=True)
+        raise CompileFailed(f"the package build could not start: {type(error).__name__}: {error}") from error
+    build = PackageBuild(folder, process)
+    with _lock:
+        _live.add(build)
+    return build
+
+
+def live_builds() -> int:
+    """Builds whose child is still running (for tests and the page)."""
+    with _lock:
+        return sum(1 for build in _live if build.process.poll() is None)
+
+
+@atexit.register
+def _cancel_all() -> None:
+    with _lock:
+        builds = list(_live)
+    for build in builds:
+        build.cancel()

@@ -1,0 +1,124 @@
+"""Background builds (CompileOptions.background): the graph builds in a child process while calls run eager.
+
+A tiny diffusers SD UNet: the first call returns eager's output while its graph is still building (the
+build is slowed on purpose by 20 s, so a call that waited for it could not return with the build pending);
+calls meanwhile start no second build; once the build lands, calls at other sizes and batches run on the
+graph, equal eager, with the one compile recorded as built in the background. A build cancelled mid-way
+leaves no child process and no files; a build that fails leaves the inputs eager with the reason; warmup
+waits for its graphs.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from compiler import CompileOptions, ShapeRange
+from compiler.backends import package_builds
+from compiler.diffusers_api import compile_module
+from compiler.extraction import run_folder
+from compiler.registry import GraphRegistry
+from compiler.testing.tiny_models import prompt_embeds, tiny_unet
+
+SUPPORT = Path(__file__).parent / "support"
+RANGE = ShapeRange(batch=(1, 2), spatial=(8, 16), sequence=(1, 77))
+
+
+def _call(batch: int, side: int, length: int = 77):
+    latent = torch.randn(batch, 4, side, side, generator=torch.Generator().manual_seed(side + batch))
+    return (latent, torch.tensor(500.0), prompt_embeds(batch, length)), {"return_dict": False}
+
+
+def _served(unet, twin, batch, side, length=77):
+    args, kwargs = _call(batch, side, length)
+    with torch.no_grad():
+        got, want = unet(*args, **kwargs)[0], twin(*args, **kwargs)[0]
+    return float((got - want).abs().max())
+
+
+def _build_folders():
+    return sorted(p.name for p in run_folder().glob("build-*"))
+
+
+@pytest.fixture(scope="module")
+def slowed():
+    """A background-compiled tiny UNet whose first build is slowed by 20 s; its state after the first call."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(package_builds, "CHILD", SUPPORT / "slow_build_child.py")
+        monkeypatch.setenv("KEEPFAST_TEST_BUILD_DELAY_S", "20")
+        unet = tiny_unet(seed=1)
+        twin = copy.deepcopy(unet)
+        registry = GraphRegistry()
+        forward = compile_module(unet, CompileOptions(shape_range=RANGE, background=True), registry)
+        difference = _served(unet, twin, 1, 16)
+        state = dict(difference=difference, pending=forward.builds_pending, live=package_builds.live_builds(),
+                     reason=forward.last.reason, eager=forward.last.eager, compiles=len(registry.compiles))
+        difference = _served(unet, twin, 2, 8, 20)  # while building: eager, no second build
+        state.update(second_difference=difference, second_live=package_builds.live_builds(),
+                     second_reason=forward.last.reason)
+        yield unet, twin, registry, forward, state
+        forward.cancel_builds()
+
+
+def test_the_first_call_returns_eager_s_output_while_its_graph_builds(slowed):
+    _, _, _, _, state = slowed
+    assert state["difference"] == 0.0 and state["eager"]
+    assert state["pending"] == 1 and state["live"] == 1 and state["compiles"] == 0
+    assert "building in the background" in state["reason"], state["reason"]
+    assert state["second_difference"] == 0.0 and state["second_live"] == 1
+    assert "building in the background" in state["second_reason"]
+
+
+def test_once_the_build_lands_every_size_runs_on_the_graph_and_equals_eager(slowed):
+    unet, twin, registry, forward, _ = slowed
+    assert forward.wait_for_builds(timeout=600) == 1
+    assert package_builds.live_builds() == 0 and forward.builds_pending == 0
+    (compiled,) = registry.compiles
+    assert "built in the background" in compiled.reason and compiled.detail["background"]
+    for batch, side, length in ((1, 16, 77), (2, 8, 20), (1, 12, 5), (2, 16, 77)):
+        difference = _served(unet, twin, batch, side, length)
+        assert difference < 1e-4, (batch, side, difference)
+        assert not forward.last.eager, forward.last.reason
+    assert len(registry.compiles) == 1 and registry.mismatches == []
+    assert _build_folders() == []
+
+
+def test_a_cancelled_build_leaves_no_process_and_no_files(monkeypatch):
+    monkeypatch.setattr(package_builds, "CHILD", SUPPORT / "slow_build_child.py")
+    monkeypatch.setenv("KEEPFAST_TEST_BUILD_DELAY_S", "600")
+    unet = tiny_unet(seed=2)
+    forward = compile_module(unet, CompileOptions(shape_range=RANGE, background=True), GraphRegistry())
+    args, kwargs = _call(1, 8)
+    with torch.no_grad():
+        unet(*args, **kwargs)
+    assert package_builds.live_builds() == 1 and len(_build_folders()) == 1
+    assert forward.cancel_builds() == 1
+    assert package_builds.live_builds() == 0 and _build_folders() == []
+
+
+def test_a_failed_build_leaves_the_inputs_eager_with_the_reason(monkeypatch):
+    monkeypatch.setattr(package_builds, "CHILD", SUPPORT / "failing_build_child.py")
+    unet = tiny_unet(seed=3)
+    twin = copy.deepcopy(unet)
+    registry = GraphRegistry()
+    forward = compile_module(unet, CompileOptions(shape_range=RANGE, background=True), registry)
+    assert _served(unet, twin, 1, 8) == 0.0
+    assert forward.wait_for_builds(timeout=120) == 0
+    assert _served(unet, twin, 1, 8) == 0.0 and forward.last.eager
+    assert "a test-only failure of the C++ compiler" in forward.last.reason
+    assert "not retried" in forward.last.reason
+    assert registry.compiles == [] and forward.builds_pending == 0 and _build_folders() == []
+
+
+def test_warmup_waits_for_its_graph(monkeypatch):
+    """Warmup (and Save Graph) stay blocking: their graphs exist when they return."""
+    unet = tiny_unet(seed=4)
+    registry = GraphRegistry()
+    forward = compile_module(unet, CompileOptions(shape_range=RANGE, background=True), registry)
+    (served,) = forward.warmup([_call(1, 8)])
+    assert not served.eager, served.reason
+    assert len(registry.compiles) == 1 and forward.builds_pending == 0
+    assert "built in the background" not in registry.compiles[0].reason
