@@ -102,7 +102,7 @@ def compile_pipe(
     first call with new input shapes against eager; on by default.
     `background`: the UNet's and VAE's graphs build in a child process while
     the pipeline runs eager, and serve from the call after they land
-    (docs/background.md); transformer blocks still build before their first call.
+    (docs/background.md); a transformer's blocks likewise, one build per block structure.
     """
     ignores = set(ignores)
     unknown = ignores - set(TARGETS)
@@ -117,7 +117,8 @@ def compile_pipe(
         if target in BLOCK_TARGETS:
             engine = compile_blocks(module, BlockOptions(
                 backend=backend, shape_range=shape_range, store=store, autosave=autosave,
-                compile_on_miss=compile_on_miss, label=target, verify=verify), registry or default_registry())
+                compile_on_miss=compile_on_miss, label=target, verify=verify, background=background),
+                registry or default_registry())
             if engine is None:
                 (registry or default_registry()).record(
                     FALLBACK, "-", f"{target}: {type(module).__name__} is not a transformer family KeepFast "

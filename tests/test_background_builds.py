@@ -122,3 +122,36 @@ def test_warmup_waits_for_its_graph(monkeypatch):
     assert not served.eager, served.reason
     assert len(registry.compiles) == 1 and forward.builds_pending == 0
     assert "built in the background" not in registry.compiles[0].reason
+
+
+def test_a_flux_transformer_runs_eager_while_its_block_graphs_build_then_from_them(monkeypatch):
+    """Block by block: one build per block structure (2 for Flux), queued one at a time here (2 cores); the
+    model's output equals eager's before, while and after they land."""
+    from compiler import compile_pipe
+    from compiler.blocks.server import BUILDING
+    from compiler.diffusers_api import compiled_parts
+    from tests.support import tiny_transformers as tt
+
+    monkeypatch.setattr(package_builds, "CHILD", SUPPORT / "slow_build_child.py")
+    monkeypatch.setenv("KEEPFAST_TEST_BUILD_DELAY_S", "10")
+    monkeypatch.setenv("KEEPFAST_BUILD_PROCESSES", "1")
+    model = tt.build("flux", seed=0)
+    pipe = tt.pipe_of(model)
+    registry = GraphRegistry()
+    compile_pipe(pipe, shape_range=tt.RANGE, registry=registry, background=True)
+    engine = compiled_parts(pipe)["transformer"]
+    with torch.no_grad():
+        got, want = tt.call(model, tt.FIRST), tt.reference(engine, tt.FIRST)
+    assert float((got - want).abs().max()) == 0.0
+    assert engine.builds_pending == 2 and registry.compiles == []
+    assert package_builds.live_builds() == 1 and package_builds.waiting_builds() == 1
+    assert all(server.reason == BUILDING for server in engine.servers)
+    assert engine.wait_for_builds() == 2 and engine.builds_pending == 0
+    assert len(registry.compiles) == 2 and all(e.detail["background"] for e in registry.compiles)
+    graph_calls = engine.graph_calls
+    for dims in tt.sweep("flux")[:4]:
+        with torch.no_grad():
+            got, want = tt.call(model, dims), tt.reference(engine, dims)
+        assert float((got - want).abs().max()) < 1e-4, dims
+    assert engine.graph_calls - graph_calls == 4 * tt.BLOCKS["flux"]
+    assert len(registry.compiles) == 2 and registry.mismatches == [] and _build_folders() == []

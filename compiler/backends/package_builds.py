@@ -10,7 +10,10 @@ their layout, and a build moves kilobytes, not the checkpoint. The child
 
 A build's folder lives in this process's run folder (compiler/extraction.py,
 swept when a dead process left one) and is removed when the build is read or
-cancelled; live children are killed when this process exits.
+cancelled; live children are killed when this process exits. At most
+`max_running()` children build at once (one per two cores: a build keeps one
+core busy, and the model keeps running beside it); the rest wait their turn
+in the order they were started.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Dict, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import torch
 
@@ -35,7 +38,16 @@ from .base import CompileFailed
 
 CHILD = Path(__file__).with_name("package_build_child.py")
 _live: Set["PackageBuild"] = set()
-_lock = threading.Lock()
+_queue: List["PackageBuild"] = []  # started, waiting for a free slot
+_lock = threading.RLock()
+
+
+def max_running() -> int:
+    """Builds that run at once: KEEPFAST_BUILD_PROCESSES, else one per two cores."""
+    configured = os.environ.get("KEEPFAST_BUILD_PROCESSES", "")
+    if configured.isdigit() and int(configured) > 0:
+        return int(configured)
+    return max(1, (os.cpu_count() or 2) // 2)
 
 
 def weightless(ep: "torch.export.ExportedProgram") -> Tuple["torch.export.ExportedProgram", Dict[str, list]]:
@@ -64,31 +76,57 @@ def weightless(ep: "torch.export.ExportedProgram") -> Tuple["torch.export.Export
 class PackageBuild:
     """One package build running in a child process; read it with `result()`, or `cancel()` it."""
 
-    def __init__(self, folder: Path, process: subprocess.Popen):
+    def __init__(self, folder: Path):
         self.folder = folder
-        self.process = process
+        self.process: Optional[subprocess.Popen] = None  # None while it waits for a slot
         self.started = time.perf_counter()
         self.finished: Optional[float] = None
+        self.failed_to_start: Optional[str] = None
+
+    def _launch(self) -> None:
+        try:
+            with open(self.folder / "output.txt", "w") as output:
+                self.process = subprocess.Popen([sys.executable, str(CHILD), str(self.folder)], stdout=output,
+                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        except Exception as error:  # noqa: BLE001 - read as a failed build
+            self.failed_to_start = f"the build process could not start: {type(error).__name__}: {error}"
+
+    @property
+    def waiting(self) -> bool:
+        return self.process is None and self.failed_to_start is None
+
+    def _running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     @property
     def seconds(self) -> float:
         return (self.finished or time.perf_counter()) - self.started
 
     def done(self) -> bool:
-        if self.process.poll() is None:
+        _pump()
+        if self.waiting or self._running():
             return False
         self.finished = self.finished or time.perf_counter()
         return True
 
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the build finished (True) or `timeout` s passed (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.done():
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def result(self, timeout: Optional[float] = None) -> bytes:
         """The package's bytes (waiting up to `timeout` s); CompileFailed with the child's reason if it failed."""
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
+        if not self.wait(timeout):
             self.cancel()
             raise CompileFailed(f"the package build did not finish in {timeout:.0f} s; cancelled")
-        self.done()
         try:
+            if self.failed_to_start:
+                raise CompileFailed(self.failed_to_start)
             package = self.folder / "graph.pt2"
             if self.process.returncode == 0 and package.is_file():
                 return package.read_bytes()
@@ -97,8 +135,11 @@ class PackageBuild:
             self._clean()
 
     def cancel(self) -> None:
-        """Stop the child and remove what it wrote; nothing is left behind."""
-        if self.process.poll() is None:
+        """Stop the child (or its turn in the queue) and remove what it wrote; nothing is left behind."""
+        with _lock:
+            if self in _queue:
+                _queue.remove(self)
+        if self._running():
             self.process.kill()
             self.process.wait()
         self._clean()
@@ -115,6 +156,14 @@ class PackageBuild:
         shutil.rmtree(self.folder, ignore_errors=True)
         with _lock:
             _live.discard(self)
+        _pump()
+
+
+def _pump() -> None:
+    """Start waiting builds while fewer than max_running() children run."""
+    with _lock:
+        while _queue and sum(1 for build in _live if build._running()) < max_running():
+            _queue.pop(0)._launch()
 
 
 def start(ep: "torch.export.ExportedProgram", configs: dict) -> PackageBuild:
@@ -124,23 +173,27 @@ def start(ep: "torch.export.ExportedProgram", configs: dict) -> PackageBuild:
     try:
         torch.export.save(light, str(folder / "program.pt2"))
         (folder / "job.json").write_text(json.dumps({"weights": layout, "configs": configs}))
-        with open(folder / "output.txt", "w") as output:
-            process = subprocess.Popen([sys.executable, str(CHILD), str(folder)], stdout=output,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
     except Exception as error:  # noqa: BLE001 - a build that cannot start is a failed compile
         shutil.rmtree(folder, ignore_errors=True)
         raise CompileFailed(f"the package build could not start: {type(error).__name__}: {error}") from error
-    build = PackageBuild(folder, process)
+    build = PackageBuild(folder)
     with _lock:
         _live.add(build)
+        _queue.append(build)
+    _pump()
     return build
 
 
 def live_builds() -> int:
     """Builds whose child is still running (for tests and the page)."""
     with _lock:
-        return sum(1 for build in _live if build.process.poll() is None)
+        return sum(1 for build in _live if build._running())
+
+
+def waiting_builds() -> int:
+    """Builds waiting for a free slot."""
+    with _lock:
+        return len(_queue)
 
 
 @atexit.register

@@ -64,6 +64,9 @@ class BlockOptions:
     label: str = ""
     # The first-use check: a graph's first call with new input shapes is compared with eager (compiler/verify.py).
     verify: bool = True
+    # Block graphs build in child processes while the blocks run eager (docs/background.md); save, load
+    # and warmup still wait for them.
+    background: bool = False
 
     def with_(self, **changes) -> "BlockOptions":
         return replace(self, **changes)
@@ -349,10 +352,23 @@ class BlockEngine:
         return report
 
     # -- ahead of time --------------------------------------------------------------
+    def wait_for_builds(self) -> int:
+        """Wait for every background build and take it in; returns how many block structures now serve."""
+        return sum(1 for server in self.servers if server.pending is not None and server.wait())
+
+    def cancel_builds(self) -> int:
+        """Stop every background build (the blocks stay eager with that reason); returns how many."""
+        return sum(1 for server in self.servers if server.cancel())
+
+    @property
+    def builds_pending(self) -> int:
+        return sum(1 for server in self.servers if server.pending is not None)
+
     def save(self, store: GraphStore) -> Tuple[List[str], List[str]]:
         """Prepare if needed, then write every block graph into `store`: (saved, problems)."""
         if not self.prepared:
             self.prepare()
+        self.wait_for_builds()
         saved, problems = [], []
         for server in self.servers:
             if not server.ready:
@@ -368,6 +384,7 @@ class BlockEngine:
     def load(self, progress: Optional[Progress] = None) -> Tuple[List[str], List[str]]:
         """Prepare now from the graph store (compiling what it lacks, if allowed): (loaded or ready, problems)."""
         self.prepare(progress, force=True)
+        self.wait_for_builds()
         ready, problems = [], []
         for server in self.servers:
             if server.ready:
@@ -378,4 +395,6 @@ class BlockEngine:
 
     def warmup(self, calls=(), progress: Optional[Progress] = None) -> List[str]:
         """Block graphs serve every size in the range once prepared; `calls` are not needed."""
-        return self.prepare(progress)
+        self.prepare(progress)
+        self.wait_for_builds()
+        return [s.status() for s in self.servers]

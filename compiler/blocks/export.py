@@ -22,11 +22,13 @@ size 1 runs eager with the reason. One compile per block structure.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ..backends.aot import AotGraph, _guards_from, build_package
+from ..backends import package_builds
+from ..backends.aot import AotGraph, _guards_from, build_package, package_configs, read_package
 from ..quiet import third_party_quiet
 from ..backends.base import CompileFailed, PackageInfo
 from ..flat_module import FlatForward, dump_out_spec
@@ -75,19 +77,21 @@ def _trace_settings():
 UnitCheck = Callable[[AotGraph, Dict[str, Tuple[int, int]]], Optional[str]]
 
 
-def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: GraphKey,
-                 progress: Progress = lambda stage, fraction: None,
-                 check_unit_sizes: Optional[UnitCheck] = None,
-                 forward: Callable = _own_forward) -> Tuple[AotGraph, List[str]]:
-    """Export and package one block: (graph, notes); CompileFailed says why not.
+@dataclass
+class TracedBlock:
+    """A block traced by torch.export, before AOTInductor: what packaging it needs."""
 
-    `check_unit_sizes(candidate, guards)` is asked whether the graph also
-    serves sizes of 1 the range declares (see `unit_guards`); the candidate
-    has those guards widened to 1. None means yes and the candidate is
-    returned; a reason keeps the traced guards (size 1 then runs eager) and
-    becomes a note. `forward(module, *args, **kwargs)` is what is traced
-    (the family's `block_forward`).
-    """
+    program: Any  # torch.export.ExportedProgram
+    guards: List[str]
+    out_spec: str
+    call: FlatCall
+    bounds: Bounds
+    key: GraphKey
+
+
+def trace_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: GraphKey,
+                forward: Callable = _own_forward) -> TracedBlock:
+    """Export one block over its bounds (in the caller's process: it reads the module); CompileFailed says why not."""
     from torch.export import Dim
 
     def traced(block, *args, **kwargs):
@@ -95,7 +99,6 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
 
     flat = FlatForward(module, traced, call)
     dynamic = [{d: Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in b.items()} for b in bounds]
-    progress("tracing with torch.export", 0.05)
     try:
         with _trace_settings(), torch.no_grad():
             program = torch.export.export(flat, (list(call.tensors),), dynamic_shapes=(dynamic,), strict=False)
@@ -112,12 +115,18 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
     out_spec = dump_out_spec(flat.out_spec)
     if out_spec is None:
         raise CompileFailed("the block's output structure cannot be saved")
-    progress("compiling with AOTInductor", 0.3)
-    with third_party_quiet():
-        package, names, needs = build_package(program, progress)
+    return TracedBlock(program, guards, out_spec, call, bounds, key)
+
+
+def package_block(traced: TracedBlock, built: Tuple[bytes, List[str], dict],
+                  progress: Progress = lambda stage, fraction: None,
+                  check_unit_sizes: Optional["UnitCheck"] = None) -> Tuple[AotGraph, List[str]]:
+    """The graph of a traced block from its built package (`build_package` here, or a background build)."""
+    package, names, needs = built
+    call, key, guards = traced.call, traced.key, traced.guards
 
     def build(guard_list: List[str]) -> AotGraph:
-        info = PackageInfo(guards=list(guard_list), out_spec=out_spec, input_paths=call.tensor_paths,
+        info = PackageInfo(guards=list(guard_list), out_spec=traced.out_spec, input_paths=call.tensor_paths,
                            constant_names=names, needs=needs)
         return AotGraph(key.with_variant(guard_list), package, info, origin="compiled")
 
@@ -129,7 +138,7 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
         raise CompileFailed(f"the graph's shape guards cannot be checked: {type(error).__name__}: "
                             f"{_first_line(error)}") from error
     notes: List[str] = []
-    units = unit_guards(graph, bounds)
+    units = unit_guards(graph, traced.bounds)
     if units and check_unit_sizes is not None:
         progress("checking sizes of 1 against eager", 0.95)
         candidate = build([g.replace(" >= 2", " >= 1") if g in units else g for g in guards])
@@ -139,6 +148,53 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
         else:
             notes.append(f"sizes of 1 run eager: {problem}")
     return graph, notes
+
+
+def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: GraphKey,
+                 progress: Progress = lambda stage, fraction: None,
+                 check_unit_sizes: Optional["UnitCheck"] = None,
+                 forward: Callable = _own_forward) -> Tuple[AotGraph, List[str]]:
+    """Export and package one block: (graph, notes); CompileFailed says why not.
+
+    `check_unit_sizes(candidate, guards)` is asked whether the graph also
+    serves sizes of 1 the range declares (see `unit_guards`); the candidate
+    has those guards widened to 1. None means yes and the candidate is
+    returned; a reason keeps the traced guards (size 1 then runs eager) and
+    becomes a note. `forward(module, *args, **kwargs)` is what is traced
+    (the family's `block_forward`).
+    """
+    progress("tracing with torch.export", 0.05)
+    traced = trace_block(module, call, bounds, key, forward)
+    progress("compiling with AOTInductor", 0.3)
+    with third_party_quiet():
+        built = build_package(traced.program, progress)
+    return package_block(traced, built, progress, check_unit_sizes)
+
+
+class BlockBuild:
+    """A traced block whose package builds in a child process (backends/package_builds.py)."""
+
+    def __init__(self, traced: TracedBlock):
+        self.traced = traced
+        self.march, configs = package_configs()
+        self.build = package_builds.start(traced.program, configs)
+
+    @property
+    def seconds(self) -> float:
+        return self.build.seconds
+
+    def done(self) -> bool:
+        return self.build.done()
+
+    def wait(self) -> None:
+        self.build.wait()
+
+    def package(self) -> Tuple[bytes, List[str], dict]:
+        """(bytes, weight names, machine needs); CompileFailed with the build's reason."""
+        return read_package(self.build.result(), self.march)
+
+    def cancel(self) -> None:
+        self.build.cancel()
 
 
 # -- sizes of 1 -------------------------------------------------------------------

@@ -30,12 +30,14 @@ from ..binding import CallBinder
 from ..boundary import Failure, contain, stage
 from ..environment import dtype_name
 from ..keys import FamilyKey, GraphKey
-from ..registry import COMPILE, FALLBACK, LOAD, MISMATCH, REFUSED
+from ..quiet import third_party_quiet
+from ..registry import COMPILE, FALLBACK, LOAD, MISMATCH, PROGRESS, REFUSED
 from ..signature import FlatCall, UnsupportedCall
 from ..store import GraphRefused, StoreError
 from ..verify import Snapshot, compare, judge, retired_reason, snapshot
 from . import tokens as T
 from .binding import InstanceWeights, SharedRunner
+from .export import BlockBuild, package_block, trace_block
 from .finder import BlockGroup
 
 log = logging.getLogger("keepfast")
@@ -104,6 +106,9 @@ class BlockInstance:
                 del self.module.forward
 
 
+BUILDING = "its graph is building in the background"
+
+
 class BlockServer:
     """Every instance of one block structure, served from one graph."""
 
@@ -119,12 +124,15 @@ class BlockServer:
         self.reset()
 
     def reset(self) -> None:
+        if getattr(self, "pending", None) is not None:
+            self.pending.cancel()
         self.graph: Optional[CompiledGraph] = None
         self.runner: Optional[SharedRunner] = None
         self.family: Optional[FamilyKey] = None
         self.call_template: Optional[FlatCall] = None
         self.roles: T.RoleMap = {}
         self.reason: Optional[str] = "not prepared yet"
+        self.pending = None  # export.BlockBuild: the graph building in the background
         self.origin = ""
         self.compile_s = 0.0
         self.notes: List[str] = []
@@ -200,6 +208,10 @@ class BlockServer:
         graph, why = self._obtain(call, bounds, GraphKey(self.family, block_range), progress)
         if graph is None:
             return why
+        return self._adopt(graph, call)
+
+    def _adopt(self, graph: CompiledGraph, call: FlatCall) -> Optional[str]:
+        """Serve from `graph` (None), or why it cannot serve the call it was built from."""
         failure = graph.why_not(call)
         if failure is not None:
             return f"the graph does not serve the call it was built from: {failure}"
@@ -246,6 +258,8 @@ class BlockServer:
             if refused:
                 self.engine.compile_failures[family.id] = f"not compiled: {refused}"
                 return None, f"not compiled: {refused}"
+            if options.background:
+                return None, self._build_in_background(call, bounds, key)
             started = time.perf_counter()
             try:
                 graph, notes = self.engine.exporter(
@@ -267,6 +281,75 @@ class BlockServer:
                                     "shapes": [list(s) for s in call.shapes], "parameters": self.group.parameter_count()})
             self.origin = "compiled"
             return graph, None
+
+    # -- background builds (docs/background.md) -----------------------------
+    def _build_in_background(self, call: FlatCall, bounds, key: GraphKey) -> str:
+        """Trace the block now, build its package in a child process; the reason its instances run eager."""
+        family = key.family
+        try:
+            with third_party_quiet():
+                self.pending = BlockBuild(trace_block(self.group.modules[0], call, bounds, key,
+                                                      forward=self.engine.family.block_forward))
+        except Exception as error:  # whatever export raises: this block runs eager
+            text = str(error) if isinstance(error, CompileFailed) else f"{type(error).__name__}: {error}"
+            reason = f"compile failed: {text}"
+            self.engine.compile_failures[family.id] = reason
+            return reason
+        self.engine.registry.record(PROGRESS, family, f"{self.label}: building in the background",
+                                    detail={"fraction": 0.0, "background": True, "block": self.group.class_name})
+        return BUILDING
+
+    def land(self) -> bool:
+        """Take in the background build if it finished: True when the block now serves from its graph.
+
+        The graph is checked as a build in this process is (sizes of 1 against eager), recorded as a compile
+        "built in the background", and its first call at new shapes gets the first-use check. A failed build
+        leaves the block eager with the reason."""
+        pending = self.pending
+        if pending is None or not pending.done():
+            return False
+        self.pending = None
+        engine, family, call = self.engine, self.family, pending.traced.call
+        try:
+            with stage("taking in a block graph built in the background"), third_party_quiet():
+                graph, notes = package_block(pending.traced, pending.package(), check_unit_sizes=lambda candidate,
+                                             units: self._check_unit_sizes(candidate, units, call))
+        except Exception as error:  # noqa: BLE001 - a failed build costs speed only
+            text = str(error) if isinstance(error, CompileFailed) else f"{type(error).__name__}: {error}"
+            self.reason = engine.compile_failures[family.id] = f"compile failed: {text}"
+            log.warning("%s: the background build failed: %s", self.label, self.reason)
+            return False
+        self.compile_s = pending.seconds
+        self.notes.extend(notes)
+        engine.registry.add(graph)
+        engine.registry.record(COMPILE, family, f"{self.label}: first call for this block structure and input "
+                               "structure (built in the background)", seconds=self.compile_s, graph_id=graph.key.id,
+                               detail={"block": self.group.class_name, "instances": len(self.instances),
+                                       "shapes": [list(s) for s in call.shapes], "background": True,
+                                       "parameters": self.group.parameter_count()})
+        self.origin = "compiled"
+        self.reason = self._adopt(graph, call)
+        if self.reason is not None:
+            self.graph = None
+            self.record_fallback(self.reason)
+        return self.reason is None
+
+    def wait(self) -> bool:
+        """Wait for the background build, then take it in (Save Graph and warmup wait for their graphs)."""
+        if self.pending is None:
+            return self.ready
+        self.pending.wait()
+        with self.lock:
+            return self.land()
+
+    def cancel(self) -> bool:
+        """Stop the background build, if one runs; the block stays eager with that reason."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return False
+        pending.cancel()
+        self.reason = "its background build was cancelled"
+        return True
 
     def _load(self, family: FamilyKey, call: FlatCall, key: GraphKey) -> Tuple[Optional[CompiledGraph], Optional[str]]:
         store = self.engine.options.store
@@ -426,6 +509,9 @@ class BlockServer:
 
     def _serve(self, instance: BlockInstance, args: tuple, kwargs: dict) -> Any:
         engine = self.engine
+        if not self.ready and self.pending is not None:
+            with self.lock:
+                self.land()
         if not self.ready:
             return self._eager(instance, self.reason or "no graph", args, kwargs)
         try:
