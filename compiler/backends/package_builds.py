@@ -86,9 +86,11 @@ class PackageBuild:
     def _launch(self) -> None:
         try:
             with open(self.folder / "output.txt", "w") as output:
+                # Its own Inductor cache, removed with the folder: two processes building the same graph at once
+                # in one cache can read each other's half-written files.
+                env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(self.folder / "cache")}
                 self.process = subprocess.Popen([sys.executable, str(CHILD), str(self.folder)], stdout=output,
-                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         except Exception as error:  # noqa: BLE001 - read as a failed build
             self.failed_to_start = f"the build process could not start: {type(error).__name__}: {error}"
 
