@@ -25,8 +25,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from .backends import DEFAULT_BACKEND, BackendUnavailable, CompiledGraph, CompileFailed, get_backend
-from .backends.base import (CannotServe, CompileDeferred, GraphMismatch, GuardsUnknown, PendingGraph, Progress,
-                            range_failure)
+from .backends.base import (BuildInProcess, CannotServe, CompileDeferred, GraphMismatch, GuardsUnknown, PendingGraph,
+                            Progress, range_failure)
 from .binding import CallBinder, CallDoesNotBind
 from .boundary import Failure, contain, stage
 from .flat_module import ForwardFn
@@ -430,7 +430,8 @@ class CompiledForward:
         try:
             with third_party_quiet():
                 pending = backend.start_compile(self.module, self.forward_fn, call, key)
-        except BackendUnavailable:
+        except (BackendUnavailable, BuildInProcess) as why:
+            log.info("%s: building in this process: %s", self.label, why)
             graph, error = self._compile(backend, family, call, reason, None)
             if graph is None:
                 self._compile_failed[family.id] = error

@@ -37,6 +37,17 @@ def _verify_input():
                                     "is not used for that size, and the difference is shown.")
 
 
+BUILD_BEFORE, BUILD_BACKGROUND = "before the first image", "in the background"
+
+
+def _build_input():
+    # optional: API-format prompts written before this input existed leave it out (the default serves them)
+    return io.Combo.Input("build", options=[BUILD_BEFORE, BUILD_BACKGROUND], default=BUILD_BEFORE, optional=True,
+                          tooltip="When a graph must be compiled: before the first image (it waits), or in the "
+                                  "background (the first images run uncompiled while graphs build in a separate "
+                                  "process; each serves from the step after it is ready).")
+
+
 def _backend_input():
     choices = runtime.backend_choices()
     # optional: API-format prompts written before this input existed leave it out (the default serves them)
@@ -54,10 +65,11 @@ def _validate_backend(backend: str) -> bool | str:
 
 
 def _settings(min_resolution, max_resolution, max_batch_size, compile, backend, autosave=False,
-              verify=True) -> Settings:
+              verify=True, build=BUILD_BEFORE) -> Settings:
     low, high = sorted((int(min_resolution), int(max_resolution)))
     return Settings(min_size=low, max_size=high, max_batch=int(max_batch_size), compile_on_miss=bool(compile),
-                    autosave=bool(autosave), backend=str(backend), verify=bool(verify))
+                    autosave=bool(autosave), backend=str(backend), verify=bool(verify),
+                    background=build == BUILD_BACKGROUND)
 
 
 def _ui(text: str) -> dict:
@@ -99,6 +111,7 @@ class KeepFastModelSpeedup(io.ComfyNode):
                                      "serve; frames are their own axis, never height or width. Image models "
                                      "ignore it."),
                 _verify_input(),
+                _build_input(),
             ],
             outputs=[io.Model.Output()],
         )
@@ -109,11 +122,11 @@ class KeepFastModelSpeedup(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, min_resolution, max_resolution, max_batch_size, compile, save_compiled,
-                backend=DEFAULT_BACKEND, max_frames=81, verify=True) -> io.NodeOutput:
+                backend=DEFAULT_BACKEND, max_frames=81, verify=True, build=BUILD_BEFORE) -> io.NodeOutput:
         runtime.setup()
         report = Report("KeepFast Model Speedup")
         settings = _settings(min_resolution, max_resolution, max_batch_size, compile, backend, save_compiled,
-                             verify)
+                             verify, build)
         out, _ = operations.model_speedup(model, dataclasses.replace(settings, max_frames=int(max_frames)), report)
         return io.NodeOutput(out, ui=_ui(report.text()))
 
@@ -133,6 +146,7 @@ class KeepFastVAESpeedup(io.ComfyNode):
                              tooltip="Video VAEs served whole (LTX-Video's): most video frames the graphs "
                                      "serve, frames their own axis. Image VAEs and Wan's (a frame at a time) "
                                      "ignore it."),
+                _build_input(),
             ],
             outputs=[io.Vae.Output()],
         )
@@ -143,10 +157,11 @@ class KeepFastVAESpeedup(io.ComfyNode):
 
     @classmethod
     def execute(cls, vae, min_resolution, max_resolution, max_batch_size, compile,
-                backend=DEFAULT_BACKEND, verify=True, max_frames=81) -> io.NodeOutput:
+                backend=DEFAULT_BACKEND, verify=True, max_frames=81, build=BUILD_BEFORE) -> io.NodeOutput:
         runtime.setup()
         report = Report("KeepFast VAE Speedup")
-        settings = _settings(min_resolution, max_resolution, max_batch_size, compile, backend, verify=verify)
+        settings = _settings(min_resolution, max_resolution, max_batch_size, compile, backend, verify=verify,
+                             build=build)
         out, _ = operations.vae_speedup(vae, dataclasses.replace(settings, max_frames=int(max_frames)), report)
         return io.NodeOutput(out, ui=_ui(report.text()))
 

@@ -69,6 +69,9 @@ def model_speedup(model, settings: Settings, report: Report):
     faster, runner = unet.speed_up(model, settings)
     module = faster.get_model_object("diffusion_model")
     engine = runner.block_engine(module)
+    if settings.background and settings.compile_on_miss:
+        report.add("graphs build in the background: the first images run uncompiled while they build, each "
+                   "serves from the step after it is ready (docs/background.md)")
     if engine is not None:
         report.add(_blocks_summary(engine, settings))
         report.add(_stored_blocks(engine))
@@ -106,6 +109,8 @@ def vae_speedup(vae, settings: Settings, report: Report):
                    f"{settings.backend} graphs, {sizes}")
     else:
         report.add(f"{name}: decode and encode served by {settings.backend} graphs for {sizes}")
+    if settings.background and settings.compile_on_miss and runner.unserved is None:
+        report.add("graphs build in the background: decodes run uncompiled until each is ready")
     report.add(_stored_summary(runner.forwards["decode"]))
     return faster, runner
 

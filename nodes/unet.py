@@ -57,6 +57,7 @@ class Settings:
     backend: str = DEFAULT_BACKEND
     max_frames: int = 81  # video frames (video families turn them into latent frames)
     verify: bool = True  # the first-use check: each graph's first call with new shapes compared with eager
+    background: bool = False  # graphs build in a child process while the model runs uncompiled (docs/background.md)
 
     def unet_range(self):
         return latent_range(self.min_size, self.max_size, self.max_batch)
@@ -125,6 +126,7 @@ class UnetRunner:
             backend=s.backend, shape_range=s.unet_range(), compile_on_miss=s.compile_on_miss,
             store=runtime.store(), autosave=s.autosave, cover_range=s.cover_range, counter="unet",
             device=str(self.load_device) if self.load_device is not None else None, verify=s.verify,
+            background=s.background,
         )
 
     def forward_for(self, module: torch.nn.Module) -> CompiledForward:
@@ -147,7 +149,7 @@ class UnetRunner:
                 backend=s.backend, shape_range=blocks.block_range(family, s.min_size, s.max_size, s.max_batch,
                                                                   s.max_frames),
                 store=runtime.store(), autosave=s.autosave, compile_on_miss=s.compile_on_miss,
-                label=_label(self.base_model, module), verify=s.verify,
+                label=_label(self.base_model, module), verify=s.verify, background=s.background,
             )
         return options
 

@@ -116,6 +116,7 @@ class VaeRunner:
             label=f"VAE {op} ({architecture_name(self.module)})", counter="vae", device=str(self.device),
             verify=s.verify, role_policy=video_roles if self.whole_video else None,
             samples_independent=True,  # each image (or video) alone: one graph serves every batch size
+            background=s.background,
         )
 
     def run(self, op: str, sample: torch.Tensor, **options):

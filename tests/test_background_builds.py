@@ -11,6 +11,7 @@ waits for its graphs.
 from __future__ import annotations
 
 import copy
+import time
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,10 @@ def test_a_flux_transformer_runs_eager_while_its_block_graphs_build_then_from_th
     assert engine.builds_pending == 2 and registry.compiles == []
     assert package_builds.live_builds() == 1 and package_builds.waiting_builds() == 1
     assert all(server.reason == BUILDING for server in engine.servers)
+    deadline = time.monotonic() + 600  # the second build starts when the first ends, with no call meanwhile
+    while package_builds.live_builds() + package_builds.waiting_builds() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert package_builds.live_builds() == 0 and package_builds.waiting_builds() == 0
     assert engine.wait_for_builds() == 2 and engine.builds_pending == 0
     assert len(registry.compiles) == 2 and all(e.detail["background"] for e in registry.compiles)
     graph_calls = engine.graph_calls

@@ -48,6 +48,10 @@ class CompileFailed(Exception):
     """The backend could not build a graph; the message says why."""
 
 
+class BuildInProcess(CompileFailed):
+    """This graph cannot be built off the caller's process (the message says why): build it in the caller's."""
+
+
 class CompileDeferred(CompileFailed):
     """The backend cannot build this graph now (not enough free memory); a later call may try again."""
 

@@ -4,12 +4,13 @@
 
 The folder holds `program.pt2` (torch.export.save of a program whose weights
 are empty placeholders) and `job.json` (each weight's shape, stride, dtype and
-device, and the Inductor settings). The weights are made again here, with no
+device, the Inductor settings, and the modules that define the program's
+custom operators, imported first). The weights are made again here, with no
 values: a package built with its weights left out needs only their layout.
 Writes `graph.pt2`, or `error.txt` (first line: what failed) and exits 1.
 
-This file imports torch only, never the pack: in ComfyUI the pack's package
-name is not one a child process can import. It lowers its own priority so the
+This file imports torch only (and those operator modules), never the pack: in
+ComfyUI the pack's package name is not one a child process can import. It lowers its own priority so the
 sampler in the parent keeps the cores it needs.
 """
 
@@ -53,6 +54,14 @@ def main(folder: str) -> int:
 
         with open(os.path.join(folder, "job.json")) as handle:
             job = json.load(handle)
+        import importlib
+
+        for module in job.get("imports", []):  # the modules that register the graph's custom operators
+            try:
+                importlib.import_module(module)
+            except Exception as error:  # noqa: BLE001
+                raise RuntimeError(f"the graph's custom operators come from {module}, which the build process "
+                                   f"cannot import ({type(error).__name__}: {error})") from error
         program = torch.export.load(os.path.join(folder, "program.pt2"))
         program._state_dict.update(_weights(job["weights"]))
         target = os.path.join(folder, "graph.partial.pt2")

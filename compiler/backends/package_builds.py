@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import torch
 
 from .. import extraction
-from .base import CompileFailed
+from .base import BuildInProcess, CompileFailed
 
 CHILD = Path(__file__).with_name("package_build_child.py")
 _live: Set["PackageBuild"] = set()
@@ -50,16 +50,44 @@ def max_running() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
+BUILTIN_NAMESPACES = ("aten", "prims", "higher_order", "_operator", "quantized_decomposed")
+
+
+def operator_modules(ep: "torch.export.ExportedProgram") -> List[str]:
+    """The Python modules that define the custom operators `ep` calls (ComfyUI's comfy_kitchen.apply_rope):
+    the child imports them before it reads the program, which names those operators."""
+    import importlib.util
+
+    from torch._library import custom_ops
+
+    modules: List[str] = []
+    for node in ep.graph.nodes:
+        namespace = getattr(node.target, "namespace", None) if node.op == "call_function" else None
+        if namespace is None or namespace in BUILTIN_NAMESPACES:
+            continue
+        qualname = node.target._schema.name
+        definition = custom_ops.OPDEFS.get(qualname)
+        module = getattr(getattr(definition, "_init_fn", None), "__module__", None)
+        if module is None and importlib.util.find_spec(namespace) is not None:
+            module = namespace  # an operator library registered by importing its package
+        if module is None:
+            raise BuildInProcess(f"the graph calls the custom operator {qualname}, and the module that defines "
+                                 "it is not known, so a build process could not read the graph")
+        if module not in modules:
+            modules.append(module)
+    return modules
+
+
 def weightless(ep: "torch.export.ExportedProgram") -> Tuple["torch.export.ExportedProgram", Dict[str, list]]:
     """(a copy of `ep` whose weights are empty placeholders, each weight's layout to make it again).
 
-    Raises CompileFailed where this torch's ExportedProgram keeps its weights elsewhere than `_state_dict`
+    Raises BuildInProcess where this torch's ExportedProgram keeps its weights elsewhere than `_state_dict`
     (the caller then builds in its own process).
     """
     weights = getattr(ep, "_state_dict", None)
     if not isinstance(weights, dict):
-        raise CompileFailed(f"torch {torch.__version__}'s exported programs keep their weights where the pack "
-                            "cannot leave them out; building in this process")
+        raise BuildInProcess(f"torch {torch.__version__}'s exported programs keep their weights where the pack "
+                             "cannot leave them out")
     layout: Dict[str, list] = {}
     empty = {}
     for name, tensor in weights.items():
@@ -88,11 +116,20 @@ class PackageBuild:
             with open(self.folder / "output.txt", "w") as output:
                 # Its own Inductor cache, removed with the folder: two processes building the same graph at once
                 # in one cache can read each other's half-written files.
-                env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(self.folder / "cache")}
+                # This process's import path, so the child finds the modules of the graph's custom operators.
+                env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(self.folder / "cache"),
+                       "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
                 self.process = subprocess.Popen([sys.executable, str(CHILD), str(self.folder)], stdout=output,
                                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         except Exception as error:  # noqa: BLE001 - read as a failed build
             self.failed_to_start = f"the build process could not start: {type(error).__name__}: {error}"
+            return
+        # The next waiting build starts when this one ends, whether or not anything calls the model meanwhile.
+        threading.Thread(target=self._start_next_when_done, name="keepfast-build-watch", daemon=True).start()
+
+    def _start_next_when_done(self) -> None:
+        self.process.wait()
+        _pump()
 
     @property
     def waiting(self) -> bool:
@@ -171,10 +208,11 @@ def _pump() -> None:
 def start(ep: "torch.export.ExportedProgram", configs: dict) -> PackageBuild:
     """Start building `ep`'s package (weights left out) in a child process."""
     light, layout = weightless(ep)
+    imports = operator_modules(ep)
     folder = Path(tempfile.mkdtemp(prefix="build-", dir=extraction.run_folder()))
     try:
         torch.export.save(light, str(folder / "program.pt2"))
-        (folder / "job.json").write_text(json.dumps({"weights": layout, "configs": configs}))
+        (folder / "job.json").write_text(json.dumps({"weights": layout, "configs": configs, "imports": imports}))
     except Exception as error:  # noqa: BLE001 - a build that cannot start is a failed compile
         shutil.rmtree(folder, ignore_errors=True)
         raise CompileFailed(f"the package build could not start: {type(error).__name__}: {error}") from error

@@ -25,7 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..backends import BackendUnavailable, get_backend
-from ..backends.base import CompiledGraph, CompileFailed
+from ..backends.base import BuildInProcess, CompiledGraph, CompileFailed
 from ..binding import CallBinder
 from ..boundary import Failure, contain, stage
 from ..environment import dtype_name
@@ -259,7 +259,9 @@ class BlockServer:
                 self.engine.compile_failures[family.id] = f"not compiled: {refused}"
                 return None, f"not compiled: {refused}"
             if options.background:
-                return None, self._build_in_background(call, bounds, key)
+                building = self._build_in_background(call, bounds, key)
+                if building is not None:
+                    return None, building
             started = time.perf_counter()
             try:
                 graph, notes = self.engine.exporter(
@@ -283,13 +285,17 @@ class BlockServer:
             return graph, None
 
     # -- background builds (docs/background.md) -----------------------------
-    def _build_in_background(self, call: FlatCall, bounds, key: GraphKey) -> str:
-        """Trace the block now, build its package in a child process; the reason its instances run eager."""
+    def _build_in_background(self, call: FlatCall, bounds, key: GraphKey) -> Optional[str]:
+        """Trace the block now, build its package in a child process: the reason its instances run eager
+        meanwhile, or None where it must be built in this process (`BuildInProcess`, logged)."""
         family = key.family
         try:
             with third_party_quiet():
                 self.pending = BlockBuild(trace_block(self.group.modules[0], call, bounds, key,
                                                       forward=self.engine.family.block_forward))
+        except BuildInProcess as why:
+            log.info("%s: building in this process: %s", self.label, why)
+            return None
         except Exception as error:  # whatever export raises: this block runs eager
             text = str(error) if isinstance(error, CompileFailed) else f"{type(error).__name__}: {error}"
             reason = f"compile failed: {text}"

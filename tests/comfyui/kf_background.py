@@ -1,0 +1,77 @@
+"""Model Speedup with build "in the background", in ComfyUI's own Python; run by test_comfyui_background.py.
+
+    python kf_background.py PACK_DIR BASE_DIR FAMILY
+
+A tiny family (comfy_families: sd15 is served as one UNet graph, flux block by block) sampled through
+comfy.sample as a queued workflow samples it: the first image runs while its graphs build in child
+processes, then (builds done) the next image takes them in and runs from graphs, then one more at another
+size and batch; each image against the same model without the node. Prints one JSON object after
+"KEEPFAST-RESULT ".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from kf_inprocess import load_pack  # noqa: E402  (this script's folder is on sys.path)
+
+SETTINGS = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, save_compiled=False,
+                backend="aot", max_frames=17, build="in the background")
+CALLS = [(128, 128, 1, 7, 5), (192, 128, 2, 20, 5), (128, 192, 1, 40, 5)]  # width, height, batch, text, frames
+
+
+def main(pack: str, base: str, family_name: str) -> dict:
+    sys.path.insert(0, os.environ["COMFYUI_PATH"])
+    import comfy.cli_args
+
+    comfy.cli_args.args.cpu = True
+    comfy.cli_args.args.base_directory = base
+    import torch
+
+    name, nodes = load_pack(pack)
+    runtime = sys.modules[name + ".nodes.runtime"]
+    builds = sys.modules[name + ".compiler.backends.package_builds"]
+    sys.path.insert(0, pack)
+    from compiler.testing import comfy_families as F
+
+    registry = runtime.registry()
+    family = F.build(family_name, seed=0)
+
+    def counts() -> dict:
+        return {k: registry.log.counts.get(k, 0) for k in ("compile", "load", "fallback", "mismatch")}
+
+    def image(model, width, height, batch, text, frames):
+        latent = family.latent(width, height, batch=batch, frames=frames)
+        return F.sample(family, family.conditioning(text, seed=1), family.conditioning(text, seed=2), latent,
+                        seed=3, model=model)
+
+    def run(fast, call) -> dict:
+        before, mark = counts(), len(registry.events)
+        got, want = image(fast, *call), image(family.patcher, *call)
+        now = counts()
+        return {"call": list(call), "diff": float((got - want).abs().max()), "scale": float(want.abs().max()),
+                "events": {k: now[k] - before[k] for k in now}, "live": builds.live_builds(),
+                "waiting": builds.waiting_builds(),
+                "compiles": [e.reason for e in registry.events[mark:] if e.kind == "compile"],
+                "fallbacks": [e.reason for e in registry.events[mark:] if e.kind == "fallback"]}
+
+    output = nodes["KeepFastModelSpeedup"].execute(model=family.patcher, **SETTINGS)
+    fast = output.args[0]
+    out = {"family": family_name, "report": output.ui["text"][0] if output.ui else "", "rows": []}
+    out["rows"].append(run(fast, CALLS[0]))  # the first image: builds start, it runs uncompiled
+    started = time.monotonic()
+    while builds.live_builds() or builds.waiting_builds():
+        time.sleep(0.2)
+    out["build_wait_s"] = round(time.monotonic() - started, 1)
+    out["rows"].append(run(fast, CALLS[1]))  # takes the graphs in
+    out["rows"].append(run(fast, CALLS[2]))  # from graphs only
+    out["counts"] = counts()
+    out["leftover_build_folders"] = sorted(p.name for p in builds.extraction.run_folder().glob("build-*"))
+    return out
+
+
+if __name__ == "__main__":
+    print("KEEPFAST-RESULT " + json.dumps(main(*sys.argv[1:4])))
