@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from .backends import DEFAULT_BACKEND, BackendUnavailable, CompiledGraph, CompileFailed, get_backend
-from .backends.base import (BuildInProcess, CannotServe, CompileDeferred, GraphMismatch, GuardsUnknown, PendingGraph,
-                            Progress, range_failure)
+from .backends.base import (BuildInProcess, BuildLabel, CannotServe, CompileDeferred, GraphMismatch, GuardsUnknown,
+                            PendingGraph, Progress, range_failure)
 from .binding import CallBinder, CallDoesNotBind
 from .boundary import Failure, contain, stage
 from .flat_module import ForwardFn
@@ -100,6 +101,12 @@ class _Building:
     reason: str
 
 
+def _stop_each(stoppers: Dict[str, Callable[[], None]]) -> None:
+    for stop in list(stoppers.values()):
+        stop()
+    stoppers.clear()
+
+
 class _Retired(Exception):
     """The graph that serves these inputs disagreed with eager for them: they run eager, unchecked."""
 
@@ -129,6 +136,10 @@ class CompiledForward:
         self._compile_failed: Dict[str, str] = {}  # family id -> why; not retried in this process
         self._declared: Dict[str, set] = {}  # family id -> input shapes a warmup asked graphs for
         self._building: Dict[str, _Building] = {}  # family id -> its graph's background build
+        # A model dropped (ComfyUI unloading it, a workflow with another checkpoint) stops its builds: nothing
+        # would take them in. The finalizer holds their stoppers only (a build holds the module, which holds us).
+        self._stoppers: Dict[str, Callable[[], None]] = {}
+        weakref.finalize(self, _stop_each, self._stoppers)
         self._blocking = 0  # inside warmup: builds are waited for
         self.last: Optional[Served] = None
         self.eager_calls = 0
@@ -429,7 +440,8 @@ class CompiledForward:
         log.info("%s: building in the background (%s)", self.label, reason)
         try:
             with third_party_quiet():
-                pending = backend.start_compile(self.module, self.forward_fn, call, key)
+                pending = backend.start_compile(self.module, self.forward_fn, call, key, BuildLabel(
+                    owner=self.label, what=self.label, family=family.id, owner_id=f"{self.label}@{id(self):x}"))
         except (BackendUnavailable, BuildInProcess) as why:
             log.info("%s: building in this process: %s", self.label, why)
             graph, error = self._compile(backend, family, call, reason, None)
@@ -442,6 +454,7 @@ class CompiledForward:
             self._compile_failed[family.id] = failure
             return None, failure
         self._building[family.id] = _Building(pending, family, call, reason)
+        self._stoppers[family.id] = pending.stopper
         self.registry.record(PROGRESS, family, f"{self.label}: building in the background ({reason})",
                              detail={"fraction": 0.0, "background": True})
         raise CompileDeferred("its graph is building in the background; this call runs eager")
@@ -454,6 +467,7 @@ class CompiledForward:
             if not building.pending.done():
                 continue
             del self._building[family_id]
+            self._stoppers.pop(family_id, None)
             family = building.family
             try:
                 with stage("taking in a graph built in the background"), third_party_quiet():
@@ -485,6 +499,7 @@ class CompiledForward:
     def cancel_builds(self) -> int:
         """Stop every background build (unloading the model, stopping the workflow); returns how many."""
         building, self._building = self._building, {}
+        self._stoppers.clear()
         for entry in building.values():
             entry.pending.cancel()
         return len(building)

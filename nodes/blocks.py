@@ -393,7 +393,15 @@ class BlockPolicy:
         return None
 
 
-_ENGINES: "weakref.WeakKeyDictionary[torch.nn.Module, BlockEngine]" = weakref.WeakKeyDictionary()
+# Weak both ways: the module's blocks hold its engine (each block's forward is the engine's), and an engine
+# held strongly here would hold its module (the key), so neither would ever be freed: ComfyUI unloading a
+# model must free it, and stop its background builds (the engine's finalizer).
+_ENGINES: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.ref[BlockEngine]]" = weakref.WeakKeyDictionary()
+
+
+def _engine_of(module: torch.nn.Module) -> Optional[BlockEngine]:
+    ref = _ENGINES.get(module)
+    return ref() if ref is not None else None
 
 
 def engine_for(module: torch.nn.Module, options: BlockOptions, registry,
@@ -402,7 +410,7 @@ def engine_for(module: torch.nn.Module, options: BlockOptions, registry,
 
     `dtype`: what the sampler casts the model's inputs to (`input_dtype`), for its example calls.
     """
-    engine = _ENGINES.get(module)
+    engine = _engine_of(module)
     if engine is not None:
         engine.options = options
         return engine
@@ -412,9 +420,9 @@ def engine_for(module: torch.nn.Module, options: BlockOptions, registry,
     engine = BlockEngine(module, family.for_model(module, dtype), options, registry, scoped=True)
     engine.block_filter = BlockPolicy()
     engine.install_blocks()
-    _ENGINES[module] = engine
+    _ENGINES[module] = weakref.ref(engine)
     return engine
 
 
 def existing_engine(module: torch.nn.Module) -> Optional[BlockEngine]:
-    return _ENGINES.get(module)
+    return _engine_of(module)

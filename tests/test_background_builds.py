@@ -11,13 +11,19 @@ waits for its graphs.
 from __future__ import annotations
 
 import copy
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from compiler import CompileOptions, ShapeRange
+from compiler import CompileOptions, ShapeRange, build_status
 from compiler.backends import package_builds
 from compiler.diffusers_api import compile_module
 from compiler.extraction import run_folder
@@ -100,6 +106,53 @@ def test_a_cancelled_build_leaves_no_process_and_no_files(monkeypatch):
     assert package_builds.live_builds() == 0 and _build_folders() == []
 
 
+def test_dropping_the_model_cancels_its_build(monkeypatch):
+    """ComfyUI unloading a model (or a workflow moving to another checkpoint) drops it: nothing would take its
+    builds in, so they stop, with nothing left behind."""
+    monkeypatch.setattr(package_builds, "CHILD", SUPPORT / "slow_build_child.py")
+    monkeypatch.setenv("KEEPFAST_TEST_BUILD_DELAY_S", "600")
+    unet = tiny_unet(seed=5)
+    forward = compile_module(unet, CompileOptions(shape_range=RANGE, background=True), GraphRegistry())
+    args, kwargs = _call(1, 8)
+    with torch.no_grad():
+        unet(*args, **kwargs)
+    assert forward.builds_pending == 1 and package_builds.live_builds() == 1 and len(_build_folders()) == 1
+    del unet, forward
+    gc.collect()
+    assert package_builds.live_builds() == 0 and package_builds.waiting_builds() == 0 and _build_folders() == []
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie nobody reaped yet (it runs nothing)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_parent_stopped_mid_build_leaves_no_process_and_no_files(tmp_path, how):
+    """ComfyUI stopped as services and containers stop it (SIGTERM: Python runs no exit handler; SIGKILL):
+    the build sees its parent gone, stops its compilers and removes its folder and the parent's run folder."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp), "KEEPFAST_TEST_BUILD_DELAY_S": "600"}
+    parent = subprocess.Popen([sys.executable, str(SUPPORT / "background_parent.py")], stdout=subprocess.PIPE,
+                              text=True, env=env)
+    try:
+        child_pid, run = parent.stdout.readline().split()
+    finally:
+        parent.send_signal(how)
+        parent.wait(60)
+    assert Path(run).is_relative_to(temp)
+    deadline = time.monotonic() + 30
+    while (not _gone(int(child_pid)) or Path(run).exists()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(int(child_pid)), "the build process outlived its parent"
+    assert not Path(run).exists() and not list(temp.rglob("build-*")), sorted(temp.rglob("*"))
+
+
 def test_a_failed_build_leaves_the_inputs_eager_with_the_reason(monkeypatch):
     monkeypatch.setattr(package_builds, "CHILD", SUPPORT / "failing_build_child.py")
     unet = tiny_unet(seed=3)
@@ -125,7 +178,7 @@ def test_warmup_waits_for_its_graph(monkeypatch):
     assert "built in the background" not in registry.compiles[0].reason
 
 
-def test_a_flux_transformer_runs_eager_while_its_block_graphs_build_then_from_them(monkeypatch):
+def test_a_flux_transformer_runs_eager_while_its_block_graphs_build_then_from_them(monkeypatch, tmp_path):
     """Block by block: one build per block structure (2 for Flux), queued one at a time here (2 cores); the
     model's output equals eager's before, while and after they land."""
     from compiler import compile_pipe
@@ -136,6 +189,8 @@ def test_a_flux_transformer_runs_eager_while_its_block_graphs_build_then_from_th
     monkeypatch.setattr(package_builds, "CHILD", SUPPORT / "slow_build_child.py")
     monkeypatch.setenv("KEEPFAST_TEST_BUILD_DELAY_S", "10")
     monkeypatch.setenv("KEEPFAST_BUILD_PROCESSES", "1")
+    times = tmp_path / "build_times.json"
+    monkeypatch.setenv("KEEPFAST_BUILD_TIMES_FILE", str(times))  # this machine has built nothing yet
     model = tt.build("flux", seed=0)
     pipe = tt.pipe_of(model)
     registry = GraphRegistry()
@@ -147,12 +202,27 @@ def test_a_flux_transformer_runs_eager_while_its_block_graphs_build_then_from_th
     assert engine.builds_pending == 2 and registry.compiles == []
     assert package_builds.live_builds() == 1 and package_builds.waiting_builds() == 1
     assert all(server.reason == BUILDING for server in engine.servers)
+    # What the page and Graph Stats show: graph 1 of 2, no time left known (nothing was ever built here).
+    (first,) = build_status.progress()
+    assert (first.owner, first.done, first.total, first.left_s) == (engine.label, 0, 2, None), first
+    assert len(first.building) == 1 and first.building[0].startswith("block ")
+    assert "graph 1 of 2" in first.text() and "time left known after a first build here" in first.text()
+    deadline = time.monotonic() + 600
+    while not times.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # The first build's time is this machine's measure: the second build's time left is estimated from it.
+    (second,) = build_status.progress()
+    assert (second.done, second.total) == (1, 2) and second.left_s is not None and second.left_s > 0, second
+    assert "graph 2 of 2" in second.text() and "s left" in second.text()
     deadline = time.monotonic() + 600  # the second build starts when the first ends, with no call meanwhile
     while package_builds.live_builds() + package_builds.waiting_builds() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert package_builds.live_builds() == 0 and package_builds.waiting_builds() == 0
+    (built,) = build_status.progress()
+    assert built.finished and built.ready == 2 and "2 built, serving from the next call" in built.text()
     assert engine.wait_for_builds() == 2 and engine.builds_pending == 0
     assert len(registry.compiles) == 2 and all(e.detail["background"] for e in registry.compiles)
+    assert build_status.progress() == [] and sum(len(v) for v in json.loads(times.read_text()).values()) == 2
     graph_calls = engine.graph_calls
     for dims in tt.sweep("flux")[:4]:
         with torch.no_grad():

@@ -41,7 +41,8 @@ from ..shapes import leaf_bounds
 from ..signature import FlatCall
 from ..verify import compare
 from . import package_builds
-from .base import Backend, CompileFailed, CompiledGraph, PackageInfo, PendingGraph, Progress, no_progress
+from .base import (UNLABELLED, Backend, BuildLabel, CompileFailed, CompiledGraph, PackageInfo, PendingGraph, Progress,
+                   no_progress)
 from .export_guards import exported_shapes, guard_texts
 
 log = logging.getLogger("keepfast")
@@ -368,13 +369,14 @@ class AotBackend(Backend):
                 graph = self._build(traced, call, key, progress)
         return self._checked_at_one(graph, traced.flat, module, call, key)
 
-    def start_compile(self, module, forward_fn, call: FlatCall, key: GraphKey) -> "AotPending":
+    def start_compile(self, module, forward_fn, call: FlatCall, key: GraphKey,
+                      label: Optional[BuildLabel] = None) -> "AotPending":
         """Trace now (it reads the module), build the package in a child process (package_builds.py)."""
         traced = trace(module, forward_fn, call, key.shape_range)
         if traced.flat.out_spec is None:
             raise CompileFailed("the model's output structure was not seen while tracing")
         march, configs = package_configs()
-        return AotPending(self, module, forward_fn, call, key, traced, march, package_builds.start(traced.ep, configs))
+        return AotPending(self, module, forward_fn, call, key, traced, march, package_builds.start(traced.ep, configs, label or UNLABELLED))
 
     def _checked_at_one(self, graph: "AotGraph", flat: FlatForward, module, call: FlatCall,
                         key: GraphKey) -> "AotGraph":
@@ -443,6 +445,10 @@ class AotPending(PendingGraph):
 
     def cancel(self) -> None:
         self.build.cancel()
+
+    @property
+    def stopper(self):
+        return self.build.cancel
 
 
 def _first_line(error: BaseException) -> str:

@@ -153,12 +153,38 @@ class Backend(ABC):
         raise BackendUnavailable(f"backend {self.name!r} cannot load graphs from disk")
 
     def start_compile(self, module: torch.nn.Module, forward_fn: ForwardFn, call: FlatCall,
-                      key: GraphKey) -> "PendingGraph":
+                      key: GraphKey, label: "BuildLabel" = None) -> "PendingGraph":
         """Start building a graph off the caller's process (what must read the module runs now).
 
         BackendUnavailable where this backend builds in the caller's process only (the caller then compiles
         as `compile` does)."""
         raise BackendUnavailable(f"the {self.name} backend builds graphs in the caller's process only")
+
+
+@dataclass(frozen=True)
+class BuildLabel:
+    """What a build is for, so the page and Graph Stats can say "block 1 of 2 (DoubleStreamBlock), 30 s left".
+
+    `owner`: the model the graph serves, as the user knows it; `owner_id` tells two models of one name apart;
+    `what`: the graph, also the kind its build time is remembered under (build_times.py); `family`: the id
+    of the graph's family, which the page's badge events carry."""
+
+    owner: str
+    what: str
+    family: str = ""
+    owner_id: str = ""
+
+    @property
+    def group(self) -> str:
+        return self.owner_id or self.owner
+
+    @property
+    def times_key(self) -> str:
+        """The kind its build time is remembered under: the graph's family (the same graph next session)."""
+        return self.family or self.what
+
+
+UNLABELLED = BuildLabel(owner="graph", what="graph")
 
 
 class PendingGraph(ABC):
@@ -180,6 +206,12 @@ class PendingGraph(ABC):
     @abstractmethod
     def cancel(self) -> None:
         """Stop the build; nothing it wrote is left behind."""
+
+    @property
+    @abstractmethod
+    def stopper(self) -> Callable[[], None]:
+        """`cancel` without a reference to the module: what a finalizer of the model's owner may hold (holding
+        the module would keep the owner alive)."""
 
 
 def range_failure(shapes: Sequence[Sequence[int]], bounds: LeafBounds, paths: Sequence[str]) -> Optional[str]:

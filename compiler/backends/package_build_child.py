@@ -11,7 +11,8 @@ Writes `graph.pt2`, or `error.txt` (first line: what failed) and exits 1.
 
 This file imports torch only (and those operator modules), never the pack: in
 ComfyUI the pack's package name is not one a child process can import. It lowers its own priority so the
-sampler in the parent keeps the cores it needs.
+sampler in the parent keeps the cores it needs. When the parent is gone (its lifeline pipe reads
+end-of-file), it stops and removes what the build and the parent left.
 """
 
 from __future__ import annotations
@@ -32,19 +33,65 @@ def _weights(spec: dict):
     return made
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this child when the process that started it dies (no orphan builds)."""
-    try:
-        import ctypes
-        import signal
+def _stop_when_the_parent_is_gone(folder: str) -> None:
+    """Watch the parent's lifeline (a pipe whose write end only the parent holds): end-of-file means the parent
+    is gone, however it ended (SIGTERM and SIGKILL run no exit handler there). Then stop this build and the
+    compilers it started (this process's group), remove its folder, and sweep what the parent left (its run
+    folder, with the sweep every process runs at start: compiler/extraction.py, loaded by path, stdlib only)."""
+    fd = os.environ.get("KEEPFAST_PARENT_LIFELINE_FD", "")
+    if not fd.isdigit():
+        return
+    import signal
+    import threading
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the parent's exit handler stops it
+    # The clean-up runs in the main thread (a signal handler), so the build stops writing while it runs: a
+    # blocked wait for a compiler is interrupted for it.
+    signal.signal(signal.SIGTERM, lambda *_: _clean_up_after_the_parent(folder))
+
+    def watch() -> None:
+        try:
+            while os.read(int(fd), 1):
+                pass
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="keepfast-parent-lifeline", daemon=True).start()
+
+
+def _clean_up_after_the_parent(folder: str) -> None:
+    import shutil
+    import signal
+    import time
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        os.killpg(os.getpgrp(), signal.SIGTERM)  # the compiler processes (this one ignores it)
+    except OSError:
         pass
+    time.sleep(0.2)
+    shutil.rmtree(folder, ignore_errors=True)
+    sweeper = os.environ.get("KEEPFAST_SWEEPER")
+    run_folder = os.path.dirname(os.path.abspath(folder))
+    if sweeper and os.path.isfile(sweeper):
+        import importlib.util
+
+        try:
+            spec = importlib.util.spec_from_file_location("keepfast_extraction_sweep", sweeper)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            for _ in range(50):  # the parent's lock is released when its last file closes: soon, not at once
+                module.sweep()
+                if not os.path.exists(run_folder):
+                    break
+                time.sleep(0.1)
+        except Exception:  # noqa: BLE001 - the next start's sweep removes it then
+            pass
+    os._exit(1)
 
 
 def main(folder: str) -> int:
-    _die_with_parent()
+    _stop_when_the_parent_is_gone(folder)
     try:
         os.nice(10)
     except (AttributeError, OSError):  # not POSIX, or not allowed: build at the same priority

@@ -23,23 +23,59 @@ import copy
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 
-from .. import extraction
-from .base import BuildInProcess, CompileFailed
+from .. import build_times, extraction
+from .base import UNLABELLED, BuildInProcess, BuildLabel, CompileFailed
 
 CHILD = Path(__file__).with_name("package_build_child.py")
+SWEEPER = Path(__file__).resolve().parent.parent / "extraction.py"  # stdlib only: a child loads it by path
+LIFELINE_ENV = "KEEPFAST_PARENT_LIFELINE_FD"
+_lifeline: Optional[Tuple[int, int, int]] = None  # (read, write, pid): the write end lives as long as this process
 _live: Set["PackageBuild"] = set()
 _queue: List["PackageBuild"] = []  # started, waiting for a free slot
+_owners: Dict[str, List[int]] = {}  # owner id -> [builds started, builds ended] while it has builds
+_listeners: List[Callable[[], None]] = []
 _lock = threading.RLock()
+
+
+@dataclass(frozen=True)
+class BuildView:
+    """One build as status reports see it."""
+
+    label: BuildLabel
+    state: str  # WAITING, BUILDING, BUILT (waiting to be taken in) or FAILED
+    running_s: float  # seconds since its child started (0 while waiting)
+
+
+WAITING, BUILDING, BUILT, FAILED = "waiting", "building", "built", "failed"
+
+
+def add_listener(listener: Callable[[], None]) -> None:
+    """Call `listener()` (from any thread) when a build starts, ends or is taken in or cancelled."""
+    with _lock:
+        if listener not in _listeners:
+            _listeners.append(listener)
+
+
+def _notify() -> None:
+    with _lock:
+        listeners = list(_listeners)
+    for listener in listeners:
+        try:
+            listener()
+        except Exception:  # noqa: BLE001 - a status display must never break a build
+            pass
 
 
 def max_running() -> int:
@@ -104,10 +140,13 @@ def weightless(ep: "torch.export.ExportedProgram") -> Tuple["torch.export.Export
 class PackageBuild:
     """One package build running in a child process; read it with `result()`, or `cancel()` it."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, label: BuildLabel = UNLABELLED):
         self.folder = folder
+        self.label = label
         self.process: Optional[subprocess.Popen] = None  # None while it waits for a slot
         self.started = time.perf_counter()
+        self.launched: Optional[float] = None  # when its child started
+        self.ended: Optional[float] = None  # when its child ended
         self.finished: Optional[float] = None
         self.failed_to_start: Optional[str] = None
 
@@ -117,19 +156,49 @@ class PackageBuild:
                 # Its own Inductor cache, removed with the folder: two processes building the same graph at once
                 # in one cache can read each other's half-written files.
                 # This process's import path, so the child finds the modules of the graph's custom operators.
+                # The lifeline's read end: it reads end-of-file when this process is gone, however it ended
+                # (ComfyUI stopped with SIGTERM or SIGKILL runs no exit handler), and the child then stops its
+                # build and removes what this process left (package_build_child.py).
+                lifeline = _lifeline_read_end()
                 env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(self.folder / "cache"),
-                       "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+                       "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), LIFELINE_ENV: str(lifeline),
+                       "KEEPFAST_SWEEPER": str(SWEEPER)}
+                # A session of its own: a terminal's Ctrl-C reaches ComfyUI, which stops the build itself, and
+                # cancelling kills the build's compiler processes with it (the whole group).
                 self.process = subprocess.Popen([sys.executable, str(CHILD), str(self.folder)], stdout=output,
-                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                                pass_fds=(lifeline,), start_new_session=True)
         except Exception as error:  # noqa: BLE001 - read as a failed build
             self.failed_to_start = f"the build process could not start: {type(error).__name__}: {error}"
+            self._ended()
             return
+        self.launched = time.perf_counter()
         # The next waiting build starts when this one ends, whether or not anything calls the model meanwhile.
         threading.Thread(target=self._start_next_when_done, name="keepfast-build-watch", daemon=True).start()
 
     def _start_next_when_done(self) -> None:
         self.process.wait()
+        if self.process.returncode == 0 and (self.folder / "graph.pt2").is_file():
+            build_times.record(self.label.times_key, time.perf_counter() - self.launched)
+        self._ended()
         _pump()
+        _notify()
+
+    def _ended(self) -> None:
+        with _lock:
+            if self.ended is None:
+                self.ended = time.perf_counter()
+                counts = _owners.get(self.label.group)
+                if counts is not None:
+                    counts[1] += 1
+
+    def view(self) -> BuildView:
+        if self.waiting:
+            return BuildView(self.label, WAITING, 0.0)
+        if self._running():
+            return BuildView(self.label, BUILDING, time.perf_counter() - self.launched)
+        ok = self.failed_to_start is None and self.process.returncode == 0
+        return BuildView(self.label, BUILT if ok else FAILED, (self.ended or time.perf_counter()) - (self.launched or self.started))
 
     @property
     def waiting(self) -> bool:
@@ -179,7 +248,10 @@ class PackageBuild:
             if self in _queue:
                 _queue.remove(self)
         if self._running():
-            self.process.kill()
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)  # the child and the compilers it started
+            except OSError:
+                self.process.kill()
             self.process.wait()
         self._clean()
 
@@ -194,8 +266,23 @@ class PackageBuild:
     def _clean(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
         with _lock:
+            was_live = self in _live
             _live.discard(self)
+            if not any(build.label.group == self.label.group for build in _live):
+                _owners.pop(self.label.group, None)
         _pump()
+        if was_live:
+            _notify()
+
+
+def _lifeline_read_end() -> int:
+    """The read end of this process's lifeline pipe (made once; its write end is never written or closed)."""
+    global _lifeline
+    with _lock:
+        if _lifeline is None or _lifeline[2] != os.getpid():
+            read, write = os.pipe()
+            _lifeline = (read, write, os.getpid())
+        return _lifeline[0]
 
 
 def _pump() -> None:
@@ -205,8 +292,8 @@ def _pump() -> None:
             _queue.pop(0)._launch()
 
 
-def start(ep: "torch.export.ExportedProgram", configs: dict) -> PackageBuild:
-    """Start building `ep`'s package (weights left out) in a child process."""
+def start(ep: "torch.export.ExportedProgram", configs: dict, label: BuildLabel = UNLABELLED) -> PackageBuild:
+    """Start building `ep`'s package (weights left out) in a child process; `label` says what for."""
     light, layout = weightless(ep)
     imports = operator_modules(ep)
     folder = Path(tempfile.mkdtemp(prefix="build-", dir=extraction.run_folder()))
@@ -216,12 +303,23 @@ def start(ep: "torch.export.ExportedProgram", configs: dict) -> PackageBuild:
     except Exception as error:  # noqa: BLE001 - a build that cannot start is a failed compile
         shutil.rmtree(folder, ignore_errors=True)
         raise CompileFailed(f"the package build could not start: {type(error).__name__}: {error}") from error
-    build = PackageBuild(folder)
+    build = PackageBuild(folder, label)
     with _lock:
         _live.add(build)
         _queue.append(build)
+        _owners.setdefault(label.group, [0, 0])[0] += 1
     _pump()
+    _notify()
     return build
+
+
+def snapshot() -> Tuple[List[BuildView], Dict[str, Tuple[int, int]]]:
+    """(every build not yet taken in or cancelled, in the order started; per owner id: (started, ended) since
+    its first build in flight began) -- for build_status.py."""
+    with _lock:
+        builds = sorted(_live, key=lambda build: build.started)
+        owners = {owner: (counts[0], counts[1]) for owner, counts in _owners.items()}
+    return [build.view() for build in builds], owners
 
 
 def live_builds() -> int:

@@ -32,6 +32,7 @@ import contextlib
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -93,6 +94,12 @@ class _CaptureComplete(Exception):
     """
 
 
+def _cancel_all(stoppers: List[Callable[[], None]]) -> None:
+    for stop in stoppers:
+        stop()
+    stoppers.clear()
+
+
 class BlockEngine:
     is_keepfast_dispatcher = True
 
@@ -117,6 +124,10 @@ class BlockEngine:
         self.exporter = export_block  # replaceable (tests: a block whose export raises)
         self.block_filter: Optional[BlockFilter] = None
         self.compile_failures: Dict[str, str] = {}
+        # Background builds started for this model's blocks: a model dropped (ComfyUI unloading it) stops
+        # them, as nothing would take them in. The finalizer holds their stoppers only, not the engine.
+        self.builds: List[Callable[[], None]] = []
+        weakref.finalize(self, _cancel_all, self.builds)
         self.capturing: Optional[_Capture] = None
         self.prepared = False
         self.problem: Optional[str] = None

@@ -30,7 +30,7 @@ import torch
 from ..backends import package_builds
 from ..backends.aot import AotGraph, _guards_from, build_package, package_configs, read_package
 from ..quiet import third_party_quiet
-from ..backends.base import CompileFailed, PackageInfo
+from ..backends.base import BuildLabel, CompileFailed, PackageInfo
 from ..flat_module import FlatForward, dump_out_spec
 from ..keys import GraphKey
 from ..signature import FlatCall
@@ -174,10 +174,10 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
 class BlockBuild:
     """A traced block whose package builds in a child process (backends/package_builds.py)."""
 
-    def __init__(self, traced: TracedBlock):
+    def __init__(self, traced: TracedBlock, label: BuildLabel):
         self.traced = traced
         self.march, configs = package_configs()
-        self.build = package_builds.start(traced.program, configs)
+        self.build = package_builds.start(traced.program, configs, label)
 
     @property
     def seconds(self) -> float:

@@ -25,7 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..backends import BackendUnavailable, get_backend
-from ..backends.base import BuildInProcess, CompiledGraph, CompileFailed
+from ..backends.base import BuildInProcess, BuildLabel, CompiledGraph, CompileFailed
 from ..binding import CallBinder
 from ..boundary import Failure, contain, stage
 from ..environment import dtype_name
@@ -292,7 +292,9 @@ class BlockServer:
         try:
             with third_party_quiet():
                 self.pending = BlockBuild(trace_block(self.group.modules[0], call, bounds, key,
-                                                      forward=self.engine.family.block_forward))
+                                                      forward=self.engine.family.block_forward),
+                                          BuildLabel(owner=self.engine.label, what=f"block {self.group.class_name}",
+                                                     family=family.id, owner_id=f"{self.engine.label}@{id(self.engine):x}"))
         except BuildInProcess as why:
             log.info("%s: building in this process: %s", self.label, why)
             return None
@@ -301,6 +303,7 @@ class BlockServer:
             reason = f"compile failed: {text}"
             self.engine.compile_failures[family.id] = reason
             return reason
+        self.engine.builds.append(self.pending.build.cancel)
         self.engine.registry.record(PROGRESS, family, f"{self.label}: building in the background",
                                     detail={"fraction": 0.0, "background": True, "block": self.group.class_name})
         return BUILDING

@@ -1,0 +1,32 @@
+"""A process that starts a background build, prints its child's pid and its run folder, then waits to be killed
+(tests/test_background_builds.py: what a ComfyUI stopped with SIGTERM or SIGKILL leaves).
+
+    python background_parent.py   (KEEPFAST_TEST_BUILD_DELAY_S long: the build is still running when killed)
+"""
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from compiler import CompileOptions, ShapeRange  # noqa: E402
+from compiler.backends import package_builds  # noqa: E402
+from compiler.diffusers_api import compile_module  # noqa: E402
+from compiler.extraction import run_folder  # noqa: E402
+from compiler.registry import GraphRegistry  # noqa: E402
+from compiler.testing.tiny_models import prompt_embeds, tiny_unet  # noqa: E402
+
+package_builds.CHILD = Path(__file__).with_name("slow_build_child.py")
+unet = tiny_unet(seed=6)
+forward = compile_module(unet, CompileOptions(shape_range=ShapeRange(batch=(1, 2), spatial=(8, 16)),
+                                              background=True), GraphRegistry())
+with torch.no_grad():
+    unet(torch.randn(1, 4, 8, 8), torch.tensor(500.0), prompt_embeds(1, 77), return_dict=False)
+(build,) = package_builds._live
+while build.process is None:
+    time.sleep(0.05)
+print(build.process.pid, run_folder(), flush=True)
+time.sleep(3600)
