@@ -481,7 +481,8 @@ class CompiledForward:
             self.registry.add(graph)
             self.registry.record(COMPILE, family, f"{self.label}: {building.reason} (built in the background)",
                                  seconds=building.pending.seconds, graph_id=graph.key.id,
-                                 detail={"shapes": [list(s) for s in building.call.shapes], "background": True})
+                                 detail={"shapes": [list(s) for s in building.call.shapes], "background": True,
+                                         **building.pending.usage})
             if self.options.autosave and self.options.store is not None and graph.persistent:
                 self.save_graph(graph, building.call)
             landed += 1

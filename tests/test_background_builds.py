@@ -85,6 +85,8 @@ def test_once_the_build_lands_every_size_runs_on_the_graph_and_equals_eager(slow
     assert package_builds.live_builds() == 0 and forward.builds_pending == 0
     (compiled,) = registry.compiles
     assert "built in the background" in compiled.reason and compiled.detail["background"]
+    # The build's memory is stated: the build process's peak and its largest compiler process's.
+    assert compiled.detail["peak_rss_mb"] > 50 and compiled.detail["compiler_peak_rss_mb"] > 10, compiled.detail
     for batch, side, length in ((1, 16, 77), (2, 8, 20), (1, 12, 5), (2, 16, 77)):
         difference = _served(unet, twin, batch, side, length)
         assert difference < 1e-4, (batch, side, difference)

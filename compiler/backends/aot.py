@@ -450,6 +450,10 @@ class AotPending(PendingGraph):
     def stopper(self):
         return self.build.cancel
 
+    @property
+    def usage(self):
+        return self.build.usage
+
 
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()

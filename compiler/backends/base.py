@@ -208,6 +208,11 @@ class PendingGraph(ABC):
         """Stop the build; nothing it wrote is left behind."""
 
     @property
+    def usage(self) -> Dict[str, float]:
+        """The build's peak memory in MB (`peak_rss_mb`, `compiler_peak_rss_mb`) once finished; {} if unknown."""
+        return {}
+
+    @property
     @abstractmethod
     def stopper(self) -> Callable[[], None]:
         """`cancel` without a reference to the module: what a finalizer of the model's owner may hold (holding

@@ -90,6 +90,19 @@ def _clean_up_after_the_parent(folder: str) -> None:
     os._exit(1)
 
 
+def _write_usage(folder: str) -> None:
+    """Peak memory of this process and of the largest compiler process it ran (MB), for the parent's log."""
+    try:
+        import resource
+
+        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        compilers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        with open(os.path.join(folder, "usage.json"), "w") as handle:
+            json.dump({"peak_rss_mb": round(own, 1), "compiler_peak_rss_mb": round(compilers, 1)}, handle)
+    except (ImportError, OSError):
+        pass
+
+
 def main(folder: str) -> int:
     _stop_when_the_parent_is_gone(folder)
     try:
@@ -113,6 +126,7 @@ def main(folder: str) -> int:
         program._state_dict.update(_weights(job["weights"]))
         target = os.path.join(folder, "graph.partial.pt2")
         torch._inductor.aoti_compile_and_package(program, package_path=target, inductor_configs=job["configs"])
+        _write_usage(folder)
         os.replace(target, os.path.join(folder, "graph.pt2"))  # whole, or not there
         return 0
     except BaseException as error:  # noqa: BLE001 - the parent reads the reason from error.txt

@@ -149,6 +149,7 @@ class PackageBuild:
         self.ended: Optional[float] = None  # when its child ended
         self.finished: Optional[float] = None
         self.failed_to_start: Optional[str] = None
+        self.usage: Dict[str, float] = {}  # the child's peak memory (MB), once read
 
     def _launch(self) -> None:
         try:
@@ -237,6 +238,7 @@ class PackageBuild:
                 raise CompileFailed(self.failed_to_start)
             package = self.folder / "graph.pt2"
             if self.process.returncode == 0 and package.is_file():
+                self.usage = _read_usage(self.folder)
                 return package.read_bytes()
             raise CompileFailed("AOTInductor failed in the build process: " + self._reason())
         finally:
@@ -273,6 +275,14 @@ class PackageBuild:
         _pump()
         if was_live:
             _notify()
+
+
+def _read_usage(folder: Path) -> Dict[str, float]:
+    try:
+        data = json.loads((folder / "usage.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))} if isinstance(data, dict) else {}
 
 
 def _lifeline_read_end() -> int:

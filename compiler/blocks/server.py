@@ -335,7 +335,7 @@ class BlockServer:
                                "structure (built in the background)", seconds=self.compile_s, graph_id=graph.key.id,
                                detail={"block": self.group.class_name, "instances": len(self.instances),
                                        "shapes": [list(s) for s in call.shapes], "background": True,
-                                       "parameters": self.group.parameter_count()})
+                                       "parameters": self.group.parameter_count(), **pending.build.usage})
         self.origin = "compiled"
         self.reason = self._adopt(graph, call)
         if self.reason is not None:
