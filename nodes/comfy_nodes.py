@@ -42,10 +42,10 @@ BUILD_BEFORE, BUILD_BACKGROUND = "before the first image", "in the background"
 
 def _build_input():
     # optional: API-format prompts written before this input existed leave it out (the default serves them)
-    return io.Combo.Input("build", options=[BUILD_BEFORE, BUILD_BACKGROUND], default=BUILD_BEFORE, optional=True,
-                          tooltip="When a graph must be compiled: before the first image (it waits), or in the "
-                                  "background (the first images run uncompiled while graphs build in a separate "
-                                  "process; each serves from the step after it is ready).")
+    return io.Combo.Input("build", options=[BUILD_BACKGROUND, BUILD_BEFORE], default=BUILD_BACKGROUND, optional=True,
+                          tooltip="When a graph must be compiled: in the background (the default: the first images "
+                                  "run uncompiled while graphs build in a separate process, each serving from the "
+                                  "step after it is ready), or before the first image (it waits for the compile).")
 
 
 def _backend_input():
@@ -65,7 +65,9 @@ def _validate_backend(backend: str) -> bool | str:
 
 
 def _settings(min_resolution, max_resolution, max_batch_size, compile, backend, autosave=False,
-              verify=True, build=BUILD_BEFORE) -> Settings:
+              verify=True, build=BUILD_BACKGROUND) -> Settings:
+    if build not in (BUILD_BACKGROUND, BUILD_BEFORE):
+        raise ValueError(f"build must be {BUILD_BACKGROUND!r} or {BUILD_BEFORE!r}, not {build!r}")
     low, high = sorted((int(min_resolution), int(max_resolution)))
     return Settings(min_size=low, max_size=high, max_batch=int(max_batch_size), compile_on_miss=bool(compile),
                     autosave=bool(autosave), backend=str(backend), verify=bool(verify),
@@ -98,10 +100,10 @@ class KeepFastModelSpeedup(io.ComfyNode):
             node_id="KeepFastModelSpeedup",
             display_name="KeepFast Model Speedup",
             category=CATEGORY,
-            description="Serve the diffusion model from compiled graphs: the first image compiles (or loads a "
-                        "stored graph); every resolution, batch size and prompt length in the range after that "
-                        "runs compiled. LoRA and ControlNet keep working; patches that need Python run "
-                        "uncompiled, with the reason shown.",
+            description="Serve the diffusion model from compiled graphs: the graphs build in the background while "
+                        "the first images run uncompiled (or load from models/graphs); every resolution, batch "
+                        "size and prompt length in the range runs compiled once they are in. LoRA and ControlNet "
+                        "keep working; patches that need Python run uncompiled, with the reason shown.",
             inputs=[io.Model.Input("model")] + _range_inputs() + [
                 io.Boolean.Input("save_compiled", default=False,
                                  tooltip="Write each graph compiled here into models/graphs right away."),
@@ -122,7 +124,7 @@ class KeepFastModelSpeedup(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, min_resolution, max_resolution, max_batch_size, compile, save_compiled,
-                backend=DEFAULT_BACKEND, max_frames=81, verify=True, build=BUILD_BEFORE) -> io.NodeOutput:
+                backend=DEFAULT_BACKEND, max_frames=81, verify=True, build=BUILD_BACKGROUND) -> io.NodeOutput:
         runtime.setup()
         report = Report("KeepFast Model Speedup")
         settings = _settings(min_resolution, max_resolution, max_batch_size, compile, backend, save_compiled,
@@ -157,7 +159,7 @@ class KeepFastVAESpeedup(io.ComfyNode):
 
     @classmethod
     def execute(cls, vae, min_resolution, max_resolution, max_batch_size, compile,
-                backend=DEFAULT_BACKEND, verify=True, max_frames=81, build=BUILD_BEFORE) -> io.NodeOutput:
+                backend=DEFAULT_BACKEND, verify=True, max_frames=81, build=BUILD_BACKGROUND) -> io.NodeOutput:
         runtime.setup()
         report = Report("KeepFast VAE Speedup")
         settings = _settings(min_resolution, max_resolution, max_batch_size, compile, backend, verify=verify,

@@ -513,6 +513,9 @@ def stats_text() -> str:
     lines.append(f"graphs folders: {', '.join(data['graphs_folders'])}")
     if data["compile_unavailable"]:
         lines.append(f"compiling unavailable: {data['compile_unavailable']}")
+    if data["background"]:
+        lines.append("building in the background:")
+        lines += [f"  {entry['text']}" for entry in data["background"]]
     lines.append("graphs in memory:")
     lines += [f"  {g['graph_id']} {g['family']} ({g['origin']}, {g['bytes'] / 1e6:.1f} MB)" for g in data["graphs"]]
     lines.append("recent events:")

@@ -16,7 +16,9 @@ import os
 import threading
 from typing import Any, Dict, List, Optional
 
-from ..compiler import DEFAULT_BACKEND, GraphRegistry, TrustList, backend_names, default_registry, unavailable_reason
+from ..compiler import (DEFAULT_BACKEND, GraphRegistry, TrustList, backend_names, build_status, default_registry,
+                        unavailable_reason)
+from ..compiler.backends import package_builds
 from ..compiler.manifest import MANIFEST_SUFFIX
 from ..compiler.registry import COMPILE, EVICT, FALLBACK, LOAD, MISMATCH, PROGRESS, REFUSED, Event
 from ..compiler.store import MultiRootStore
@@ -51,6 +53,7 @@ def setup() -> None:
         oneflow_comfy.register()
         if not _state["listener"]:
             registry().add_listener(_on_event)
+            package_builds.add_listener(_builds_changed)
             _state["listener"] = True
         if not _state["route"]:
             _state["route"] = _register_route()
@@ -184,7 +187,11 @@ def _on_event(event: Event) -> None:
 
 def _progress(event: Event) -> None:
     fraction = float(event.detail.get("fraction", 0.0) or 0.0)
-    send(EVENT_NAME, {"kind": PROGRESS, "reason": event.reason, "fraction": fraction, "family": event.family})
+    background = bool(event.detail.get("background"))
+    send(EVENT_NAME, {"kind": PROGRESS, "reason": event.reason, "fraction": fraction, "family": event.family,
+                      "background": background})
+    if background:
+        return  # ComfyUI's progress bar stays the sampler's: the build runs beside it (the badge shows it)
     try:
         import comfy.utils
 
@@ -196,6 +203,42 @@ def _progress(event: Event) -> None:
             _bars.pop(event.family, None)
     except Exception:
         pass
+
+
+# -- background builds ---------------------------------------------------------
+
+BUILDING_EVENT = "building"
+TICK_S = 2.0  # how often the page hears a build's time left while builds run
+
+
+def _builds_changed() -> None:
+    """A build started, ended, was taken in or cancelled (any thread): tell the page now, and keep telling it
+    every TICK_S while builds run."""
+    _send_build_progress()
+    with _lock:
+        if _state.get("ticker") is None or not _state["ticker"].is_alive():
+            _state["ticker"] = threading.Thread(target=_tick, name="keepfast-build-progress", daemon=True)
+            _state["ticker"].start()
+
+
+def _tick() -> None:
+    import time
+
+    while _send_build_progress():
+        time.sleep(TICK_S)
+    with _lock:
+        _state["ticker"] = None
+
+
+def _send_build_progress() -> bool:
+    """One "building" event per model with builds; True while any build is waiting or running."""
+    running = False
+    for entry in build_status.progress():
+        running |= not entry.finished
+        # No "node": a build's progress belongs to the node that made the model (found by family), not to
+        # whatever node runs now.
+        send(EVENT_NAME, {**entry.to_json(), "kind": BUILDING_EVENT, "reason": entry.text(), "node": None})
+    return running
 
 
 def messages_since(mark: float) -> List[dict]:
@@ -232,6 +275,7 @@ def stats() -> dict:
         "time": share.to_json(),
         "time_served": share.describe(),
         "graphs": summary["graphs"],
+        "background": [entry.to_json() for entry in build_status.progress()],
         "messages": [event.to_json() for event in reg.log.events[-100:]],
         "graphs_folders": graphs_folders() if _state["setup"] else [],
         "compile_unavailable": compile_unavailable(),

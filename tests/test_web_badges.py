@@ -54,6 +54,22 @@ const out = {
 };
 const changed = m.applyEvent(graph, { kind: "compile", seconds: 2, reason: "x", node: null }, "6");
 out.applied = ids(changed).concat([graph.getNodeById(2).keepfast.state, graph.getNodeById(3).keepfast ?? null]);
+// Background builds: the build starts while the sampler runs (the event names its node and the block families);
+// later "building" events name no node (they come between and after runs) and find the Model Speedup by family.
+const seen = (id) => { const k = graph.getNodeById(id).keepfast; return k && [k.state, k.text]; };
+out.background = [];
+m.applyEvent(graph, { kind: "progress", background: true, fraction: 0, family: "famA", node: "6", reason: "Flux: block A: building in the background" }, null);
+m.applyEvent(graph, { kind: "progress", background: true, fraction: 0, family: "famB", node: "6", reason: "Flux: block B: building in the background" }, null);
+out.background.push(seen(2));
+out.background.push(ids(m.applyEvent(graph, { kind: "building", families: ["famA", "famB"], done: 0, total: 2, left_s: null, node: null }, "7")));
+out.background.push(seen(2));
+m.applyEvent(graph, { kind: "building", families: ["famA", "famB"], done: 1, total: 2, left_s: 31.6, node: null }, null);
+out.background.push(seen(2), graph.getNodeById(2).keepfast.fraction);
+m.applyEvent(graph, { kind: "fallback", family: "famA", node: "6", reason: "Flux: its graph is building in the background; running eager" }, null);
+out.background.push(seen(2));
+out.background.push(ids(m.applyEvent(graph, { kind: "building", families: ["famZ"], done: 0, total: 1, node: null }, "6")));
+m.applyEvent(graph, { kind: "building", families: ["famB"], done: 2, total: 2, ready: 2, failed: 0, node: null }, null);
+out.background.push(seen(2), seen(3));
 console.log(JSON.stringify(out));
 """
 
@@ -92,3 +108,14 @@ def test_events_become_badges(result):
 
 def test_an_event_without_a_node_uses_the_running_node(result):
     assert result["applied"] == [2, "compiled", None]
+
+
+def test_background_builds_show_on_the_node_that_made_the_model(result):
+    started, targets, first, second, fraction, during_eager, unknown, built, vae = result["background"]
+    assert started == ["building", "building in the background"]
+    assert targets == [2]  # by family: not the VAE Decode (node 7) that runs when the event comes
+    assert first == ["building", "building 1 of 2 in background"]
+    assert second == ["building", "building 2 of 2 in background, ~32 s left"] and fraction == 0.5
+    assert during_eager == second  # an eager call while it builds keeps the count and time left
+    assert unknown == []  # families no node made: no badge anywhere
+    assert built == ["built", "built: serves from the next step"] and vae is None

@@ -3,14 +3,17 @@
     python kf_background.py PACK_DIR BASE_DIR FAMILY
 
 A tiny family (comfy_families: sd15 is served as one UNet graph, flux block by block) sampled through
-comfy.sample as a queued workflow samples it: the first image runs while its graphs build in child
-processes, then (builds done) the next image takes them in and runs from graphs, then one more at another
-size and batch; each image against the same model without the node. Prints one JSON object after
-"KEEPFAST-RESULT ".
+comfy.sample as a queued workflow samples it, the node with its default `build` (in the background): the
+first image runs while its graphs build in child processes (what Graph Stats and the stats route say then
+is kept), then (builds done) the next image takes them in and runs from graphs, then one more at another
+size and batch; each image against the same model without the node. Then the same family in bfloat16
+(another graph) starts its build and is dropped, as ComfyUI drops a model no workflow uses any more: its
+build must stop, leaving nothing. Prints one JSON object after "KEEPFAST-RESULT ".
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -19,7 +22,7 @@ import time
 from kf_inprocess import load_pack  # noqa: E402  (this script's folder is on sys.path)
 
 SETTINGS = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, save_compiled=False,
-                backend="aot", max_frames=17, build="in the background")
+                backend="aot", max_frames=17)  # `build` left at its default: in the background
 CALLS = [(128, 128, 1, 7, 5), (192, 128, 2, 20, 5), (128, 192, 1, 40, 5)]  # width, height, batch, text, frames
 
 
@@ -43,10 +46,11 @@ def main(pack: str, base: str, family_name: str) -> dict:
     def counts() -> dict:
         return {k: registry.log.counts.get(k, 0) for k in ("compile", "load", "fallback", "mismatch")}
 
-    def image(model, width, height, batch, text, frames):
-        latent = family.latent(width, height, batch=batch, frames=frames)
-        return F.sample(family, family.conditioning(text, seed=1), family.conditioning(text, seed=2), latent,
-                        seed=3, model=model)
+    def image(model, width, height, batch, text, frames, of=None):
+        of = of or family
+        latent = of.latent(width, height, batch=batch, frames=frames)
+        return F.sample(of, of.conditioning(text, seed=1), of.conditioning(text, seed=2), latent, seed=3,
+                        model=model)
 
     def run(fast, call) -> dict:
         before, mark = counts(), len(registry.events)
@@ -62,6 +66,8 @@ def main(pack: str, base: str, family_name: str) -> dict:
     fast = output.args[0]
     out = {"family": family_name, "report": output.ui["text"][0] if output.ui else "", "rows": []}
     out["rows"].append(run(fast, CALLS[0]))  # the first image: builds start, it runs uncompiled
+    out["background_during"] = runtime.stats()["background"]
+    out["stats_during"] = nodes["KeepFastGraphStats"].execute().args[0]
     started = time.monotonic()
     while builds.live_builds() or builds.waiting_builds():
         time.sleep(0.2)
@@ -70,6 +76,19 @@ def main(pack: str, base: str, family_name: str) -> dict:
     out["rows"].append(run(fast, CALLS[2]))  # from graphs only
     out["counts"] = counts()
     out["leftover_build_folders"] = sorted(p.name for p in builds.extraction.run_folder().glob("build-*"))
+
+    other = F.build(family_name, seed=0, dtype=torch.bfloat16)  # another graph: its build starts
+    other_fast = nodes["KeepFastModelSpeedup"].execute(model=other.patcher, **SETTINGS).args[0]
+    image(other_fast, *CALLS[0], of=other)
+    unload = {"live": builds.live_builds() + builds.waiting_builds(), "background": runtime.stats()["background"]}
+    del other, other_fast
+    import comfy.model_management
+
+    comfy.model_management.cleanup_models_gc()
+    gc.collect()
+    unload.update(after=builds.live_builds() + builds.waiting_builds(),
+                  folders=sorted(p.name for p in builds.extraction.run_folder().glob("build-*")))
+    out["unload"] = unload
     return out
 
 

@@ -18,10 +18,10 @@ import json
 import os
 import sys
 
-from kf_inprocess import load_pack  # noqa: E402  (this script's folder is on sys.path)
+from kf_inprocess import BLOCKING_BUILD, load_pack  # noqa: E402  (this script's folder is on sys.path)
 
 RANGE = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, save_compiled=False,
-             backend="aot", max_frames=17)
+             backend="aot", max_frames=17, build=BLOCKING_BUILD)
 # (width, height, batch, text tokens, video frames): three resolutions, batch 1 and 2, prompt lengths on both
 # sides of 32 (Z-Image pads text to a multiple of 32), two
 # frame counts, and a size whose latent is no multiple of 4 (HunyuanVideo takes multiples of 16 pixels only).

@@ -25,11 +25,12 @@ import os
 import random
 import sys
 
-from kf_inprocess import load_pack  # noqa: E402  (this script's folder is on sys.path)
+from kf_inprocess import BLOCKING_BUILD, load_pack  # noqa: E402  (this script's folder is on sys.path)
 
 SPEEDUP = dict(min_resolution=64, max_resolution=256, max_batch_size=3, compile=True, save_compiled=False,
-               backend="aot", max_frames=9)
-VAE_SPEEDUP = dict(min_resolution=64, max_resolution=256, max_batch_size=3, compile=True, backend="aot")
+               backend="aot", max_frames=9, build=BLOCKING_BUILD)
+VAE_SPEEDUP = dict(min_resolution=64, max_resolution=256, max_batch_size=3, compile=True, backend="aot",
+                   build=BLOCKING_BUILD)
 SIZES = [(128, 128), (192, 128)]  # (width, height) in pixels
 TOKENS = {"sd15": (77, 154), "sdxl": (77, 154)}  # CLIP's 77-token chunks; the DiT families take any length
 DIT_TOKENS = (7, 20)

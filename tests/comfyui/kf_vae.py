@@ -16,9 +16,10 @@ import json
 import os
 import sys
 
-from kf_inprocess import load_pack  # noqa: E402  (this script's folder is on sys.path)
+from kf_inprocess import BLOCKING_BUILD, load_pack  # noqa: E402  (this script's folder is on sys.path)
 
-SPEEDUP = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, backend="aot")
+SPEEDUP = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, backend="aot",
+               build=BLOCKING_BUILD)
 SIZES = [(128, 128, 1), (192, 128, 2), (128, 256, 1), (208, 144, 2)]  # (width, height, batch)
 TINY = {"double_z": True, "z_channels": 4, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 32,
         "ch_mult": [1, 1, 2, 2], "num_res_blocks": 1, "attn_resolutions": [], "dropout": 0.0}

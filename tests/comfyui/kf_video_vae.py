@@ -26,9 +26,10 @@ import json
 import os
 import sys
 
-from kf_inprocess import load_pack  # noqa: E402  (this script's folder is on sys.path)
+from kf_inprocess import BLOCKING_BUILD, load_pack  # noqa: E402  (this script's folder is on sys.path)
 
-SPEEDUP = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, backend="aot")
+SPEEDUP = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, backend="aot",
+               build=BLOCKING_BUILD)
 # (op, width, height, batch, frames): latent frames to decode, pixel frames to encode (Wan: 1 + 4k); decodes of
 # 2 videos as Qwen-Image decodes 2 images (one-frame videos), served a video at a time by the batch-1 chunk graphs.
 # LTX-Video: 32x spatial, 8x temporal (video frames 1 + 8k); decode takes latent frames, encode video frames.

@@ -108,20 +108,25 @@ def stored_graphs(server) -> list:
     return sorted((server.base / "models" / "graphs").glob("*/*.json"))
 
 
-@pytest.fixture(scope="module")
-def compiled(page_server, artifacts) -> dict:
-    """txt2img queued from the page: the Model Speedup compiles (saving its graph), the VAE runs eager."""
-    workflow = artifacts / "txt2img.json"
+def txt2img_phase(server, artifacts: Path, phase: str, model_speedup: dict) -> dict:
+    """txt2img (128x128, one step) queued from the page with these Model Speedup widgets, the VAE eager."""
+    workflow = artifacts / f"txt2img-{phase}.json"
     shutil.copy(S.WORKFLOWS / "keepfast_txt2img.json", workflow)
     widgets = {
-        MODEL_SPEEDUP: {"min_resolution": 64, "max_resolution": 256, "compile": True, "save_compiled": True},
+        MODEL_SPEEDUP: {"min_resolution": 64, "max_resolution": 256, "compile": True, **model_speedup},
         VAE_SPEEDUP: {"compile": False},
         6: {"width": 128, "height": 128, "batch_size": 1},
         SAMPLER: {"steps": 1, "seed": 1},
     }
-    return run_phase(page_server, artifacts, "compile", workflow=str(workflow), widgets=widgets,
+    return run_phase(server, artifacts, phase, workflow=str(workflow), widgets=widgets,
                      watch=[MODEL_SPEEDUP, VAE_SPEEDUP], move_aside=[NOTE],
                      compile_timeout_ms=PHASE_TIMEOUT_S * 1000 - 120_000)
+
+
+@pytest.fixture(scope="module")
+def compiled(page_server, artifacts) -> dict:
+    """txt2img queued from the page: the Model Speedup compiles (saving its graph), the VAE runs eager."""
+    return txt2img_phase(page_server, artifacts, "compile", {"save_compiled": True, "build": S.BLOCKING_BUILD})
 
 
 def test_a_compile_shows_progress_then_the_compiled_badge(compiled, page_server):

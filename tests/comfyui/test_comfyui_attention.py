@@ -36,7 +36,7 @@ pytestmark = pytest.mark.comfyui
 MEAN_TOLERANCE = 0.25
 MAX_TOLERANCE = 4.0
 STEPS = 2
-SPEEDUP = dict(min_resolution=64, max_resolution=512, max_batch_size=2)
+SPEEDUP = dict(min_resolution=64, max_resolution=512, max_batch_size=2, build=S.BLOCKING_BUILD)
 # The attention ComfyUI says in its log that it picked, per mode (on this CPU).
 PICKED = {"default": "sub quadratic", "quad": "sub quadratic", "split": "split"}
 AFTER_FIRST = [dict(width=320, height=256), dict(width=192, height=384), dict(width=384, height=320),

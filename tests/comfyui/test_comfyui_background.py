@@ -46,7 +46,7 @@ def _close(row) -> bool:
 
 def test_the_first_image_runs_uncompiled_while_the_graphs_build(found):
     first = found["rows"][0]
-    assert "in the background" in found["report"], found["report"]
+    assert "in the background" in found["report"], found["report"]  # the node's default
     assert first["events"]["compile"] == 0, first["compiles"]
     assert first["live"] + first["waiting"] >= 1, first
     assert any("building in the background" in r for r in first["fallbacks"]), first["fallbacks"]
@@ -60,3 +60,17 @@ def test_the_next_image_takes_the_graphs_in_and_the_one_after_compiles_nothing(f
     assert third["events"]["compile"] == 0 and third["events"]["fallback"] == 0, third
     assert third["events"]["mismatch"] == 0 and _close(third), third
     assert third["live"] == 0 and third["waiting"] == 0 and found["leftover_build_folders"] == []
+
+
+def test_graph_stats_and_the_stats_route_show_the_builds_in_flight(found):
+    (entry,) = found["background_during"]
+    blocks = 2 if found["family"] == "flux" else 1  # Flux: double and single stream block structures
+    assert entry["total"] == blocks and entry["done"] == 0, entry
+    assert f"building in the background: graph 1 of {blocks}" in entry["text"], entry
+    assert "building in the background:\n  " + entry["text"] in found["stats_during"], found["stats_during"]
+
+
+def test_a_model_dropped_while_its_graphs_build_stops_its_builds(found):
+    unload = found["unload"]
+    assert unload["live"] >= 1 and unload["background"], unload  # its build was running
+    assert unload["after"] == 0 and unload["folders"] == [], unload

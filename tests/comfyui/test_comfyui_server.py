@@ -44,9 +44,14 @@ def unique(prefix: str) -> str:
 
 
 def workflow_prompt(server, name: str) -> dict:
+    """The bundled workflow as the page queues it, steps lowered; its Speedup nodes compile before the first
+    image (these tests count that image's compiles; the queue-twice test runs the default, background builds)."""
     prompt = S.ui_to_api(S.load_workflow(name), server.object_info())
     for node_id in S.nodes_of(prompt, "KSampler"):
         prompt[node_id]["inputs"]["steps"] = STEPS
+    for kind in ("KeepFastModelSpeedup", "KeepFastVAESpeedup"):
+        for node_id in S.nodes_of(prompt, kind):
+            prompt[node_id]["inputs"]["build"] = S.BLOCKING_BUILD
     return prompt
 
 

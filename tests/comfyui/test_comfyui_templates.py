@@ -32,8 +32,8 @@ pytestmark = pytest.mark.comfyui
 KEPT_EVENTS = 100  # the stats route's messages: the last 100 events (nodes/runtime.py)
 MEAN_TOLERANCE = 0.25  # 0-255 pixel levels, as test_comfyui_server.py
 MAX_TOLERANCE = 4.0
-MODEL_SETTINGS = dict(min_resolution=64, max_resolution=512, max_batch_size=2, max_frames=17)
-VAE_SETTINGS = dict(min_resolution=64, max_resolution=512, max_batch_size=2)
+MODEL_SETTINGS = dict(min_resolution=64, max_resolution=512, max_batch_size=2, max_frames=17, build=S.BLOCKING_BUILD)
+VAE_SETTINGS = dict(min_resolution=64, max_resolution=512, max_batch_size=2, build=S.BLOCKING_BUILD)
 
 
 # HunyuanVideo's VAE decodes in a Python loop of 2-frame chunks whose count follows the frames: nodes/vae.py

@@ -2,7 +2,7 @@
 //
 //   node keepfast_page.mjs PHASE CONFIG.json
 //
-// PHASE: compile | library | delete | badname. CONFIG names the server url, the chromium binary, the
+// PHASE: compile | background | library | delete | badname. CONFIG names the server url, the chromium binary, the
 // artifacts folder, the result file and what the phase needs. The script only observes and clicks; it writes
 // what it saw as JSON to the result file, and the Python test asserts on that and on the files on disk.
 
@@ -59,7 +59,7 @@ async function statusText(page) {
 
 // -- phases ---------------------------------------------------------------------------------------
 
-async function compile(page) {
+async function compile(page, { expectCompiling = true } = {}) {
   const workflow = JSON.parse(fs.readFileSync(config.workflow, "utf8"));
   await page.evaluate(async ({ workflow, widgets }) => {
     const app = window.comfyAPI.app.app;
@@ -84,27 +84,20 @@ async function compile(page) {
   }, config.move_aside || []);
 
   // Watch every badge change, and when the speedup node first shows progress, photograph it.
-  await page.evaluate(({ watched }) => {
-    const app = window.comfyAPI.app.app;
+  await page.evaluate(() => {
     window.kfSeen = [];
     window.kfDone = new Promise((resolve) => {
       const api = window.comfyAPI.api.api;
       api.addEventListener("execution_success", (e) => resolve({ ok: true, detail: e.detail }));
       api.addEventListener("execution_error", (e) => resolve({ ok: false, detail: e.detail }));
     });
-    window.kfTimer = setInterval(() => {
-      for (const id of watched) {
-        const badge = app.graph.getNodeById(id)?.keepfast;
-        const last = window.kfSeen.filter((s) => s.node === id).at(-1);
-        if (badge && (!last || last.text !== badge.text)) window.kfSeen.push({ node: id, state: badge.state, text: badge.text, fraction: badge.fraction ?? null });
-      }
-    }, 100);
-  }, { watched: config.watch });
+  });
+  await watchBadges(page);
 
   await page.evaluate(() => window.comfyAPI.app.app.queuePrompt(0, 1));
   step("prompt queued from the page");
 
-  const compiling = await page.waitForFunction((id) => {
+  const compiling = !expectCompiling ? null : await page.waitForFunction((id) => {
     const badge = window.comfyAPI.app.app.graph.getNodeById(id)?.keepfast;
     return badge && badge.state === "compiling" && badge.fraction > 0 && badge.fraction < 1 ? badge : null;
   }, config.watch[0], { timeout: config.compile_timeout_ms, polling: 100 }).then((h) => h.jsonValue()).catch(() => null);
@@ -132,6 +125,51 @@ async function compile(page) {
   }, { watched: config.watch }));
   result.done = done;
   result.screenshots = ["node-compiling.png", "node-compiled.png"].filter((f) => fs.existsSync(path.join(config.artifacts, f)));
+}
+
+async function background(page) {
+  // The default build: the prompt finishes uncompiled, then the Model Speedup's badge follows the background
+  // build (no prompt runs meanwhile: the events come from the pack's progress thread) until it is built.
+  await compile(page, { expectCompiling: false });
+  await watchBadges(page);
+  const building = await page.waitForFunction((id) => {
+    const badge = window.comfyAPI.app.app.graph.getNodeById(id)?.keepfast;
+    return badge && badge.state === "building" && / of \d+ in background/.test(badge.text) ? badge : null;
+  }, config.watch[0], { timeout: 60_000, polling: 100 }).then((h) => h.jsonValue()).catch(() => null);
+  if (building) {
+    await frame(page, config.watch);
+    await page.screenshot({ path: path.join(config.artifacts, "node-building.png") });
+    step(`building badge seen: ${building.text}`);
+  }
+  const built = await page.waitForFunction((id) => {
+    const badge = window.comfyAPI.app.app.graph.getNodeById(id)?.keepfast;
+    return badge && badge.state === "built" ? badge : null;
+  }, config.watch[0], { timeout: config.compile_timeout_ms, polling: 200 }).then((h) => h.jsonValue()).catch(() => null);
+  step(`built badge ${built ? "seen: " + built.text : "not seen"}`);
+  await page.evaluate(() => clearInterval(window.kfTimer));
+  await frame(page, config.watch);
+  await page.screenshot({ path: path.join(config.artifacts, "node-built.png") });
+  Object.assign(result, await page.evaluate(() => ({
+    seen: window.kfSeen,
+    events: window.keepfast.recent.map((e) => ({ kind: e.kind, node: e.node ?? null, reason: e.reason, done: e.done ?? null, total: e.total ?? null, left_s: e.left_s ?? null })),
+  })));
+  result.building = building;
+  result.built = built;
+  result.screenshots = ["node-building.png", "node-built.png"].filter((f) => fs.existsSync(path.join(config.artifacts, f)));
+}
+
+async function watchBadges(page) {
+  // Record every change of the watched nodes' badges in window.kfSeen (stopped with clearInterval(kfTimer)).
+  await page.evaluate(({ watched }) => {
+    const app = window.comfyAPI.app.app;
+    window.kfTimer = setInterval(() => {
+      for (const id of watched) {
+        const badge = app.graph.getNodeById(id)?.keepfast;
+        const last = window.kfSeen.filter((s) => s.node === id).at(-1);
+        if (badge && (!last || last.text !== badge.text)) window.kfSeen.push({ node: id, state: badge.state, text: badge.text, fraction: badge.fraction ?? null });
+      }
+    }, 100);
+  }, { watched: config.watch });
 }
 
 async function frame(page, ids) {
@@ -215,7 +253,7 @@ try {
       "--disable-background-networking", "--disable-component-update", "--disable-sync"],
   });
   const page = await openPage(context);
-  const phases = { compile, library, delete: remove, badname: badName };
+  const phases = { compile, background, library, delete: remove, badname: badName };
   if (!phases[phase]) throw new Error(`unknown phase ${phase}`);
   await phases[phase](page);
 } catch (error) {

@@ -1,0 +1,177 @@
+"""The bundled txt2img workflow queued as a user queues it, with the Speedup nodes' default `build` (in the
+background), on a real ComfyUI server with its default attention (needs COMFYUI_PATH).
+
+In the order written: queued once, then ComfyUI stopped with SIGTERM (how services and containers stop it,
+no exit handler runs) while the graphs build: no build process and no file of the pack is left in its
+TMPDIR. Started again and queued twice: the first run finishes uncompiled with builds in flight (the stats
+route and Graph Stats say which), equal to the workflow without the KeepFast nodes; once the builds are done,
+the second run takes the graphs in and runs the UNet and the VAE decode from them, equal to the workflow
+without the nodes; a third run at another size and batch compiles nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+import kf_support as S
+
+if not S.comfyui_available():
+    pytest.skip(S.SKIP_REASON, allow_module_level=True)
+
+pytestmark = pytest.mark.comfyui
+
+MEAN_TOLERANCE, MAX_TOLERANCE = 0.25, 4.0  # 0-255 pixel levels, as test_comfyui_server.py
+BUILD_TIMEOUT_S = 1200
+_names = {"n": 0}
+
+
+def _unique(prefix: str) -> str:
+    _names["n"] += 1
+    return f"{prefix}_{_names['n']:03d}"
+
+
+@pytest.fixture(scope="module")
+def comfy(tmp_path_factory):
+    base = S.make_base(tmp_path_factory.mktemp("background-server"))
+    S.build_models(base)
+    temp = base / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "KEEPFAST_TRUST_FILE": str(base / "trust.json"), "PYTHONUNBUFFERED": "1",
+           "TMPDIR": str(temp)}
+    server = S.ComfyServer(base, env, attention="default")
+    server.start()
+    yield server, temp
+    server.stop()
+
+
+def txt2img(server, width=192, height=192, batch=1, seed=11) -> dict:
+    """The workflow as the page queues it; a new seed each queue, as its "randomize" control gives (the same
+    prompt again would be ComfyUI's cached result, the model not called)."""
+    prompt = S.ui_to_api(S.load_workflow("keepfast_txt2img"), server.object_info())
+    S.set_inputs(prompt, "KSampler", steps=2, seed=seed)
+    S.set_inputs(prompt, "EmptyLatentImage", width=width, height=height, batch_size=batch)
+    S.set_inputs(prompt, "SaveImage", filename_prefix=_unique("bg"))
+    for kind in ("KeepFastModelSpeedup", "KeepFastVAESpeedup"):
+        # The workflow does not set it: the page fills in the node's default.
+        assert all(prompt[i]["inputs"].get("build") in (None, "in the background") for i in S.nodes_of(prompt, kind))
+    return prompt
+
+
+def run(server, prompt):
+    before = server.counts()
+    entry = server.run(prompt)
+    after = server.counts()
+    return entry, server.images(entry), {key: after[key] - before[key] for key in after}
+
+
+def same_as_without_the_nodes(server, prompt, images) -> None:
+    plain = S.without_speedup(prompt)
+    for node_id in S.nodes_of(plain, "SaveImage"):
+        plain[node_id]["inputs"]["filename_prefix"] = _unique("eager")
+    reference = server.images(server.run(plain))
+    assert len(images) == len(reference)
+    for a, b in zip(images, reference):
+        mean, largest = S.image_difference(a, b)
+        assert mean < MEAN_TOLERANCE and largest <= MAX_TOLERANCE, (mean, largest)
+
+
+def _builds_of(temp: Path) -> list:
+    """Processes building a graph for a server that uses `temp` as its TMPDIR."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if "package_build_child.py" in command and str(temp) in command and state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
+
+
+def _wait_for_builds(server) -> list:
+    deadline = time.monotonic() + BUILD_TIMEOUT_S
+    while time.monotonic() < deadline:
+        background = server.stats()["background"]
+        if all(entry["done"] >= entry["total"] for entry in background):
+            return background
+        time.sleep(1)
+    raise TimeoutError(f"background builds did not finish in {BUILD_TIMEOUT_S} s: {server.stats()['background']}")
+
+
+@pytest.fixture(scope="module")
+def stopped(comfy):
+    server, temp = comfy
+    entry, images, delta = run(server, txt2img(server))
+    during = server.stats()["background"]
+    building = _builds_of(temp)
+    server.process.send_signal(signal.SIGTERM)
+    server.process.wait(60)
+    server.process = None
+    deadline = time.monotonic() + 30
+    while (_builds_of(temp) or list(temp.rglob("run-*"))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # The pack's files in TMPDIR: its run folder (unpacked graphs, build folders) and lock, under keepfast-<uid>.
+    left = dict(processes=_builds_of(temp), files=sorted(str(p) for p in temp.glob("keepfast-*/**/*")))
+    server.start()
+    return dict(during=during, building=building, left=left, delta=delta)
+
+
+def test_stopping_comfyui_mid_build_leaves_no_build_process_and_no_files(stopped):
+    assert stopped["during"] and stopped["building"], stopped  # builds were in flight when it stopped
+    assert stopped["left"] == {"processes": [], "files": []}, stopped["left"]
+
+
+@pytest.fixture(scope="module")
+def queued_twice(comfy, stopped):
+    server, _ = comfy
+    prompt = txt2img(server)
+    first = run(server, prompt)
+    first_stats = server.stats()
+    first_texts = server.texts(first[0])
+    background = _wait_for_builds(server)
+    again = txt2img(server, seed=12)
+    second = run(server, again)
+    third_prompt = txt2img(server, width=256, height=192, batch=2, seed=13)
+    third = run(server, third_prompt)
+    return dict(server=server, prompts=(prompt, again, third_prompt), runs=(first, second, third),
+                first_stats=first_stats, first_texts=first_texts, background=background)
+
+
+def test_the_first_run_finishes_uncompiled_with_the_builds_in_flight(queued_twice):
+    server, (prompt, _, _) = queued_twice["server"], queued_twice["prompts"]
+    _, images, delta = queued_twice["runs"][0]
+    assert delta["compiles"] == 0 and delta["unet_graph_calls"] == 0 and delta["unet_eager_calls"] > 0, delta
+    owners = {entry["owner"] for entry in queued_twice["first_stats"]["background"]}
+    assert any("UNet" in owner for owner in owners) and any("VAE decode" in owner for owner in owners), owners
+    stats_text = next(t for t in queued_twice["first_texts"].values() if "unet_graph_calls" in t)
+    assert "building in the background:" in stats_text, stats_text
+    same_as_without_the_nodes(server, prompt, images)
+
+
+def test_the_second_run_takes_the_graphs_in_and_runs_from_them(queued_twice):
+    server, (_, again, _) = queued_twice["server"], queued_twice["prompts"]
+    assert all(entry["ready"] >= 1 and entry["failed"] == 0 for entry in queued_twice["background"])
+    _, images, delta = queued_twice["runs"][1]
+    assert delta["compiles"] >= 2 and delta["mismatches"] == 0, delta  # the UNet's and the VAE decode's
+    assert delta["unet_graph_calls"] > 0 and delta["unet_eager_calls"] == 0, delta
+    assert delta["vae_graph_calls"] > 0 and delta["vae_eager_calls"] == 0, delta
+    compiles = [m["reason"] for m in server.stats()["messages"] if m["kind"] == "compile"]
+    assert compiles and all("built in the background" in reason for reason in compiles), compiles
+    same_as_without_the_nodes(server, again, images)
+
+
+def test_a_third_run_at_another_size_and_batch_compiles_nothing(queued_twice):
+    server, (_, _, third_prompt) = queued_twice["server"], queued_twice["prompts"]
+    _, images, delta = queued_twice["runs"][2]
+    assert delta["compiles"] == 0 and delta["fallbacks"] == 0, delta
+    assert delta["unet_graph_calls"] > 0 and delta["unet_eager_calls"] == 0, delta
+    assert server.stats()["background"] == []
+    same_as_without_the_nodes(server, third_prompt, images)
