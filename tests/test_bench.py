@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -157,3 +158,42 @@ def test_the_first_use_check_cost_is_reported_next_to_the_sweep():
     assert cost == {"checks": 2, "mismatches": 0, "extra_s": 0.08, "share_of_sweep": 0.4, "held_mb_max": 0.5}
     text = report.markdown(summary)
     assert "The first-use check" in text and "| 2 | 0 | 0.08 | 0.400 | 0.50 |" in text
+
+
+def test_session_figures_and_their_ratios():
+    """bench.json's session part: per model and variant, and ours-background's two ratios."""
+    from compiler.testing.bench import session as S
+
+    def run(variant, restart, first, total, compiles, **extra):
+        return {"kind": "session", "model": "sd15", "variant": S.job_name(variant, restart), "first_image_s": first,
+                "session_s": total, "compiles_in_session": compiles, **extra}
+
+    jobs = [run("eager", False, 4.0, 30.0, 0), run("torch_compile", False, 90.0, 200.0, 3),
+            run("torch_compile", True, 40.0, 120.0, 3), run("ours_background", False, 5.0, 60.0, 1),
+            run("ours_background", True, 6.0, 20.0, 0),
+            {"kind": "session", "model": "sd15", "variant": S.job_name("ours_blocking"), "error": "boom"}]
+    summary = report.summarise(jobs, {"profile": "quick"}, {}, None)
+    entry = summary["models"]["sd15"]
+    assert entry["first_image_vs_eager_ratio"] == 1.25 and entry["session_ratio_vs_best_peer"] == 0.3
+    assert entry["session"]["torch_compile"]["restart_session_s"] == 120.0
+    assert entry["session"]["ours_background"]["restart_compiles"] == 0
+    assert entry["session"]["ours_blocking"]["error"] == "boom"
+    text = report.markdown(summary)
+    assert "| sd15 | ours_background | 5.00 | 60.00 | 1 | 20.00 | 0 |" in text
+    assert "| sd15 | ours_blocking | failed: boom |" in text
+
+
+def test_a_session_runs_from_process_start_in_its_own_process(tmp_path):
+    """A real (eager) session job through the runner: its figures count from the process's start."""
+    import os
+
+    from compiler.testing.bench import runner
+    from compiler.testing.bench import session as S
+
+    (job,) = [j for j in S.session_jobs("sd15", "unet") if j["session_variant"] == "eager"]
+    job.update(profile="quick", device="cpu", dtype="fp32", images=3, steps=2, graphs_dir=str(tmp_path / "g"))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    result = runner.run_job(job, tmp_path, env, timeout=600)
+    assert "error" not in result, result
+    assert len(result["image_s"]) == 3 and result["compiles_in_session"] == 0
+    assert 0 < result["first_image_s"] <= result["session_s"] <= result["process_wall_s"]

@@ -6,7 +6,9 @@ a Flux-shaped and a Wan-shaped transformer (whole-model torch.compile vs
 torch.compile of the repeated blocks vs our block graphs), each
 configuration in its own process: steady-state step time, first call (cold
 compile) and restart-to-first-result with saved graphs, compiles over a
-sweep of 5 resolutions x 3 batch sizes, peak memory. With COMFYUI_PATH set,
+sweep of 5 resolutions x 3 batch sizes, peak memory; then sessions (first image,
+20 images and a restart from process start: eager, torch.compile, ours
+blocking, ours building in the background; session.py). With COMFYUI_PATH set,
 the same comparison end to end in a headless ComfyUI. Writes DIR/bench.json,
 DIR/bench.md and DIR/bench.png. See docs/benchmarks.md.
 
@@ -52,6 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--comfy-modes", type=lambda t: _names(t, COMFY_MODES), default=list(COMFY_MODES),
                         help=f"comma-separated subset of the ComfyUI modes {','.join(COMFY_MODES)} "
                              "(ours_restart and ours_fresh read the graphs ours_cold saves)")
+    parser.add_argument("--no-sessions", action="store_true",
+                        help="skip the session figures (first image, 20 images and a restart from process start, "
+                             "per variant; compiler/testing/bench/session.py)")
+    parser.add_argument("--sessions-only", action="store_true",
+                        help="only the session figures (no steady-state, sweep or ComfyUI parts)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, caches, graphs)")
     parser.add_argument("--job-timeout", type=float, default=None, help="seconds per configuration")
 
@@ -61,8 +68,8 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     dtype = args.dtype or ("fp16" if str(args.device).startswith("cuda") else "fp32")
     return run_bench(Path(args.out), quick=args.quick, device=args.device, dtype=dtype, models=args.models,
-                     variants=args.variants, reps=args.reps, comfy=not args.no_comfy, keep=args.keep,
-                     comfy_modes=args.comfy_modes,
+                     variants=args.variants, reps=args.reps, comfy=not (args.no_comfy or args.sessions_only), keep=args.keep,
+                     comfy_modes=args.comfy_modes, sessions=not args.no_sessions, steady=not args.sessions_only,
                      job_timeout=args.job_timeout, comfy_attention=args.comfy_attention)
 
 

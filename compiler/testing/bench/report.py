@@ -238,6 +238,10 @@ def _check(value, op: str, bound) -> Optional[bool]:
 def summarise(jobs: List[dict], meta: Dict[str, Any], specs: Optional[Dict[str, dict]] = None,
               comfy: Optional[dict] = None) -> Dict[str, Any]:
     """bench.json's content: headline ratios, targets, per-model summaries, raw job results."""
+    from . import session
+
+    session_runs = [job for job in jobs if job.get("kind") == "session" or (job.get("job") or {}).get("kind") == "session"]
+    jobs = [job for job in jobs if job not in session_runs]
     by_model: Dict[str, Dict[str, dict]] = {}
     for job in jobs:
         by_model.setdefault(job.get("model", "?"), {})[job.get("variant", "?")] = job
@@ -278,13 +282,19 @@ def summarise(jobs: List[dict], meta: Dict[str, Any], specs: Optional[Dict[str, 
         summary["targets"][key] = {"target": text, "rule": f"{op} {bound}", "value": value,
                                    "met": _check(value, op, bound)}
     summary["transformer_targets"] = {name: m["targets"] for name, m in models.items() if "targets" in m}
+    sessions = session.summarise(session_runs)
+    for name, entry in sessions.items():  # bench.json: models.<name>.first_image_vs_eager_ratio, ...
+        models.setdefault(name, {}).update(session=entry["variants"],
+                                           first_image_vs_eager_ratio=entry["first_image_vs_eager_ratio"],
+                                           session_ratio_vs_best_peer=entry["session_ratio_vs_best_peer"])
+    summary["sessions"] = sessions
     summary["models"] = models
     summary["comfyui"] = comfy or {"run": False, "why": "not requested"}
     modes = {m.get("mode"): m for m in (comfy or {}).get("modes", []) if not m.get("error")}
     for mode in ("none", "torch_compile", "ours_restart", "ours_fresh"):
         if modes.get(mode, {}).get("start_to_first_image_s") is not None:
             summary[f"comfyui_{mode}_start_to_first_image_s"] = _round(modes[mode]["start_to_first_image_s"], 2)
-    summary["jobs"] = jobs
+    summary["jobs"] = jobs + session_runs
     return summary
 
 
@@ -330,6 +340,8 @@ def markdown(summary: Dict[str, Any]) -> str:
         add(f"| {target['target']} (`{key}` {target['rule']}) | {_fmt(target.get('value'), 3)} | {status} |")
     add("")
     for name, model in (summary.get("models") or {}).items():
+        if "spec" not in model:
+            continue  # sessions only (--sessions-only): their table follows
         spec = model.get("spec") or {}
         if spec.get("kind") == "transformer":
             lines.extend(transformer_markdown(name, model))
@@ -437,6 +449,10 @@ def markdown(summary: Dict[str, Any]) -> str:
             add("torch.compile hit its recompile limit (later shapes ran eager, silently): "
                 + "; ".join(model["torch_compile_recompile_limit_hit"][:2]))
         add("")
+    from . import session
+
+    lines.extend(session.markdown(summary.get("sessions") or {}))
+    add("")
     add(comfy_markdown(summary.get("comfyui") or {}))
     return "\n".join(lines) + "\n"
 

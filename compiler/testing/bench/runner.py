@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from . import models as M
 from . import report
+from . import session as S
 from .fresh_machine import FreshMachine
 from .models import DEFAULT_VARIANTS
 
@@ -57,7 +58,7 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 def run_job(job: Dict[str, Any], work: Path, env: Dict[str, str], timeout: float) -> Dict[str, Any]:
     """Run one configuration in a fresh process; returns its result (or the error)."""
-    tag = f"{job['model']}-{job['variant']}"
+    tag = f"{job['model']}-{job['variant']}".replace(":", "-")
     job_path, result_path, log_path = work / f"{tag}.job.json", work / f"{tag}.result.json", work / f"{tag}.log"
     job_path.write_text(json.dumps(job))
     result_path.unlink(missing_ok=True)
@@ -80,6 +81,9 @@ def run_job(job: Dict[str, Any], work: Path, env: Dict[str, str], timeout: float
     result["process_wall_s"] = wall
     if result.get("first_result_at"):
         result["process_to_first_result_s"] = result["first_result_at"] - spawned
+    for stamp, seconds in (("first_image_at", "first_image_s"), ("last_image_at", "session_s")):
+        if result.get(stamp):  # session.py's figures count from the process's start
+            result[seconds] = result[stamp] - spawned
     result["job"] = {k: v for k, v in job.items() if k not in ("graphs_dir",)}
     result["cache_dir_fresh"] = job.get("cache_fresh", True)
     return result
@@ -103,7 +107,8 @@ def _line(result: Dict[str, Any]) -> str:
 def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str = "fp32",
               models: Sequence[str] = M.ALL_MODELS, variants: Sequence[str] = DEFAULT_VARIANTS, reps: Optional[int] = None,
               comfy: bool = True, keep: bool = False, job_timeout: Optional[float] = None,
-              comfy_modes: Sequence[str] = M.COMFY_MODES, comfy_attention: str = "default") -> int:
+              comfy_modes: Sequence[str] = M.COMFY_MODES, comfy_attention: str = "default",
+              sessions: bool = True, steady: bool = True) -> int:
     profile = "quick" if quick else "full"
     reps = reps or (11 if quick else 5)  # quick calls take milliseconds: more pairs for the same time
     job_timeout = job_timeout or (1800.0 if quick else 7200.0)
@@ -135,6 +140,8 @@ def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str
     jobs: List[Dict[str, Any]] = []
     for name in models:
         spec = specs[name]
+        if not steady:
+            break
         print(f"{spec.title} ({name}): sweep {len(spec.sweep())} shapes, steady {spec.steady_shapes}, "
               f"declared range batch {spec.range_batch} latent {spec.range_spatial}", flush=True)
         done: Dict[str, Dict[str, Any]] = {}
@@ -165,6 +172,22 @@ def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str
             done[variant] = result
             jobs.append(result)
             print(_line(result), flush=True)
+            _save_partial(out, jobs, meta)
+    for name in models if sessions else ():
+        if name not in S.SESSION_MODELS:
+            continue
+        print(f"{specs[name].title} ({name}): sessions of {S.IMAGES} images x {S.STEPS} steps", flush=True)
+        for job in S.session_jobs(name, specs[name].kind):
+            variant = job["session_variant"]
+            job.update(profile=profile, device=device, dtype=dtype, graphs_dir=str(work / f"{name}-session-{variant}-graphs"))
+            cache = work / f"{name}-session-cache-{variant}"  # the restart keeps its session's Inductor cache
+            if not job["restart"]:
+                shutil.rmtree(cache, ignore_errors=True)
+            cache.mkdir(parents=True, exist_ok=True)
+            result = run_job(job, work, {**base_env, "TORCHINDUCTOR_CACHE_DIR": str(cache)}, job_timeout)
+            result.setdefault("kind", "session")
+            jobs.append(result)
+            print(S.line(result), flush=True)
             _save_partial(out, jobs, meta)
     if comfy:
         from .comfy_e2e import run_comfy

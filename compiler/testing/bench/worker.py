@@ -83,6 +83,10 @@ class _LimitWatcher(logging.Handler):
 
 
 def run_job(job: Dict[str, Any]) -> Dict[str, Any]:
+    if job.get("kind") == "session":  # session.py: images from process start
+        from .session import run_session
+
+        return run_session(job)
     import torch
 
     from .models import any_spec, dtype_from_flag, parameter_count
