@@ -332,3 +332,25 @@ def test_worker_warm_up_from_the_environment_variable(saved_pipe, tmp_path, key,
                               environ={"KEEPFAST_REMOTE_LIBRARY": str(shared)})
     assert result is not None and result.ok and result.seconds > 0
     assert [o.name.split("/")[0].split("-")[0] for o in result.pulled] == ["UNet2DConditionModel"]
+
+
+def test_a_graph_this_folder_holds_is_not_downloaded_and_its_own_build_is_kept(saved_pipe, tmp_path, key,
+                                                                             worker_trust, read_spy):
+    url = _memory_url()
+    assert push(saved_pipe.graphs, url, key).ok
+    _trust_builder(worker_trust, key)
+    worker = tmp_path / "worker"
+    builder_folder(saved_pipe.graphs, tmp_path / "mine", misfits=False)
+    other_build(tmp_path / "mine", worker)  # this machine built the same graphs itself (other bytes)
+    before = {name: (worker / name).read_bytes() for name in layout(worker)}
+    read_spy.clear()
+    result = pull(url, worker)
+    assert {o.status for o in result.outcomes} == {PullStatus.PRESENT}
+    assert all("its own build" in o.reason for o in result.outcomes)
+    assert not [p for p, _ in read_spy if p.endswith(".pt2")]
+    assert {name: (worker / name).read_bytes() for name in layout(worker)} == before
+
+    stored = GraphStore(saved_pipe.graphs).graphs()
+    unet = next(s for s in stored if s.name.startswith("UNet2DConditionModel"))
+    exact = pull_for(url, tmp_path / "exact", structures=[unet.manifest.key.family.structure])
+    assert [o.name for o in exact.pulled] == [unet.name]  # what a node that knows its structures asks for

@@ -168,9 +168,14 @@ class RemoteLibrary:
                     raise FileNotFoundError(f"no bucket, repository or folder at {self.url}")
         return sorted(self.relative(p) for p in found)
 
-    def read(self, relative: str) -> bytes:
+    def read(self, relative: str, limit: Optional[int] = None) -> bytes:
+        """The object's bytes; with `limit`, at most limit + 1 of them (so a caller can tell "too large"
+        without downloading an object of any size a library may hold)."""
         with remote_errors(self.url, f"reading {relative} from"):
-            data = self.fs.cat_file(self.path(relative))
+            if limit is None:
+                data = self.fs.cat_file(self.path(relative))
+            else:
+                data = self.fs.cat_file(self.path(relative), start=0, end=limit + 1)
         self.bytes_read += len(data)
         self.reads.append(relative)
         return data

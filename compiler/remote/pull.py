@@ -24,19 +24,21 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, List, Mapping, Optional
+from typing import Any, Iterable, List, Mapping, Optional
 
 import torch
 
 from ..atomic import sha256_bytes
 from ..manifest import MANIFEST_SUFFIX, Manifest, ManifestError
-from ..store import GraphStore, StoreError, safe_part
+from ..store import GraphStore, StoreError, StoredGraph, safe_part
 from ..trust import TrustList
 from . import signing
 from .location import RemoteError, RemoteLibrary
 from .select import ModelSelector, fit_problems, selector_for_module
 
 log = logging.getLogger("keepfast")
+
+MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few KB; a library cannot make a worker read more than this
 
 
 class PullStatus(str, Enum):
@@ -108,17 +110,18 @@ def _graph_name(relative: str) -> Optional[str]:
     return f"{parts[0]}/{parts[1][: -len(MANIFEST_SUFFIX)]}"
 
 
-def _already_here(store: GraphStore, manifest: Manifest) -> bool:
+def _local_copy(store: GraphStore, manifest: Manifest) -> Optional[str]:
+    """Why the graphs folder needs no download of this graph (it holds it, and it verifies), or None."""
     path = store.folder_for(manifest.key.family) / f"{manifest.graph_id}{MANIFEST_SUFFIX}"
     try:
         local = Manifest.read(path)
     except (ManifestError, OSError):
-        return False
-    if local.package_sha256 != manifest.package_sha256:
-        return False
-    from ..store import StoredGraph
-
-    return not store.problems(StoredGraph(local, path))
+        return None
+    if store.problems(StoredGraph(local, path)):
+        return None  # a broken local copy is replaced by the library's
+    if local.package_sha256 == manifest.package_sha256:
+        return "already in this graphs folder"
+    return "this graphs folder holds its own build of this graph, which is kept"
 
 
 def _pull_one(remote: RemoteLibrary, store: GraphStore, relative: str, selector: Optional[ModelSelector],
@@ -128,7 +131,11 @@ def _pull_one(remote: RemoteLibrary, store: GraphStore, relative: str, selector:
     if name is None:
         return PullOutcome(relative, PullStatus.REFUSED, "not a graph name this store accepts; ignored")
     try:
-        data = json.loads(remote.read(relative))
+        raw = remote.read(relative, limit=MAX_MANIFEST_BYTES)
+        if len(raw) > MAX_MANIFEST_BYTES:
+            return PullOutcome(name, PullStatus.REFUSED, f"its manifest is larger than {MAX_MANIFEST_BYTES} bytes; "
+                                                         "not a graph manifest")
+        data = json.loads(raw)
         manifest = Manifest.from_json(data)
     except (ValueError, ManifestError) as error:
         return PullOutcome(name, PullStatus.REFUSED, f"unreadable manifest: {error}")
@@ -140,15 +147,16 @@ def _pull_one(remote: RemoteLibrary, store: GraphStore, relative: str, selector:
     verdict = signing.check(data, trusted_keys)
     if not verdict.ok and not (verdict.unsigned and accept_unsigned):
         return PullOutcome(name, PullStatus.REFUSED, f"not downloaded: {verdict.problem}", signer=verdict.signer)
-    if _already_here(store, manifest):
-        trusted = _trust(store, manifest, verdict, remote.url)
-        return PullOutcome(name, PullStatus.PRESENT, "already in this graphs folder", trusted=trusted,
-                           signer=verdict.signer)
+    here = _local_copy(store, manifest)
+    if here is not None:
+        same = here.startswith("already")
+        trusted = _trust(store, manifest, verdict, remote.url) if same else False
+        return PullOutcome(name, PullStatus.PRESENT, here, trusted=trusted, signer=verdict.signer)
     if dry_run:
         return PullOutcome(name, PullStatus.FITS, "fits; not downloaded (dry run)", signer=verdict.signer)
     package_name = f"{name.split('/')[0]}/{manifest.package_file}"
     try:
-        package = remote.read(package_name)
+        package = remote.read(package_name, limit=manifest.package_bytes)
     except RemoteError as error:
         return PullOutcome(name, PullStatus.REFUSED, f"download failed, nothing written: {error}")
     if len(package) != manifest.package_bytes:
@@ -199,16 +207,23 @@ def pull(url: str, folder: Path | str, selector: Optional[ModelSelector] = None,
 
 
 def pull_for(url: str, folder: Path | str, module: Optional[torch.nn.Module] = None, block_family=None,
-             dtype: Optional[str] = None, options: Optional[Mapping[str, Any]] = None,
-             trust: Optional[TrustList] = None, accept_unsigned: bool = False) -> PullResult:
-    """What a ComfyUI node calls: pull the graphs of `module` (and its parts and blocks) that fit here.
+             structures: Optional[Iterable[str]] = None, dtype: Optional[str] = None,
+             options: Optional[Mapping[str, Any]] = None, trust: Optional[TrustList] = None,
+             accept_unsigned: bool = False) -> PullResult:
+    """What a ComfyUI node calls: pull the graphs that fit here of `module` (its own, its parts' and its
+    blocks') or, when the caller knows them already, of exactly `structures` (a CompiledForward's
+    `structure()`, a BlockEngine's group structures); neither: every graph that fits the machine.
 
     Never raises: a library that cannot be read gives a result with `error`,
     logged, and the model serves eager (or compiles) as with no library.
     """
     started = time.perf_counter()
     try:
-        selector = selector_for_module(module, block_family) if module is not None else None
+        selector = None
+        if structures is not None:
+            selector = ModelSelector(frozenset(structures), type(module).__name__ if module is not None else "the model")
+        elif module is not None:
+            selector = selector_for_module(module, block_family)
         result = pull(url, folder, selector, dtype, options, trust, accept_unsigned)
     except Exception as error:  # noqa: BLE001 - a worker must start whatever the library does
         result = PullResult(url, Path(folder), error=f"{type(error).__name__}: {error}",
