@@ -354,3 +354,22 @@ def test_a_graph_this_folder_holds_is_not_downloaded_and_its_own_build_is_kept(s
     unet = next(s for s in stored if s.name.startswith("UNet2DConditionModel"))
     exact = pull_for(url, tmp_path / "exact", structures=[unet.manifest.key.family.structure])
     assert [o.name for o in exact.pulled] == [unet.name]  # what a node that knows its structures asks for
+
+
+def test_a_signed_manifest_naming_another_graphs_package_is_refused(saved_pipe, tmp_path, key, worker_trust):
+    from compiler.remote import load_private_key
+    from compiler.remote.signing import sign
+
+    url = _memory_url()
+    assert push(saved_pipe.graphs, url, key).ok
+    _trust_builder(worker_trust, key)
+    remote = RemoteLibrary.open(url, writable=True)
+    names = remote.manifest_names()
+    victim = json.loads(remote.read(names[1]))["package"]["file"]
+    hostile = json.loads(remote.read(names[0]))
+    hostile["package"]["file"] = victim  # would overwrite another graph's package in the worker's folder
+    remote.put(names[0], json.dumps(sign(hostile, *load_private_key(key))).encode())
+    result = pull(url, tmp_path / "worker")
+    outcome = {o.name + ".json": o for o in result.outcomes}[names[0]]
+    assert outcome.status == PullStatus.REFUSED and "not one of its graph's names" in outcome.reason
+    assert GraphStore(tmp_path / "worker").verify() == []

@@ -110,8 +110,9 @@ def _graph_name(relative: str) -> Optional[str]:
     return f"{parts[0]}/{parts[1][: -len(MANIFEST_SUFFIX)]}"
 
 
-def _local_copy(store: GraphStore, manifest: Manifest) -> Optional[str]:
-    """Why the graphs folder needs no download of this graph (it holds it, and it verifies), or None."""
+def _local_copy(store: GraphStore, manifest: Manifest) -> Optional[bool]:
+    """Whether the graphs folder holds this graph, verified: True with the same package, False with a build
+    of its own (kept: a graph that works here is not replaced); None when it holds no usable copy."""
     path = store.folder_for(manifest.key.family) / f"{manifest.graph_id}{MANIFEST_SUFFIX}"
     try:
         local = Manifest.read(path)
@@ -119,9 +120,7 @@ def _local_copy(store: GraphStore, manifest: Manifest) -> Optional[str]:
         return None
     if store.problems(StoredGraph(local, path)):
         return None  # a broken local copy is replaced by the library's
-    if local.package_sha256 == manifest.package_sha256:
-        return "already in this graphs folder"
-    return "this graphs folder holds its own build of this graph, which is kept"
+    return local.package_sha256 == manifest.package_sha256
 
 
 def _pull_one(remote: RemoteLibrary, store: GraphStore, relative: str, selector: Optional[ModelSelector],
@@ -141,17 +140,21 @@ def _pull_one(remote: RemoteLibrary, store: GraphStore, relative: str, selector:
         return PullOutcome(name, PullStatus.REFUSED, f"unreadable manifest: {error}")
     if manifest.graph_id != name.split("/")[1]:
         return PullOutcome(name, PullStatus.REFUSED, "the manifest's graph id does not match its file name")
+    if not manifest.package_file.startswith(manifest.graph_id + "."):  # the store names packages so
+        return PullOutcome(name, PullStatus.REFUSED, f"its manifest names a package {manifest.package_file!r} "
+                                                     "that is not one of its graph's names")
     problems = fit_problems(manifest, selector, dtype)
     if problems:
         return PullOutcome(name, PullStatus.SKIPPED, "; ".join(problems))
     verdict = signing.check(data, trusted_keys)
     if not verdict.ok and not (verdict.unsigned and accept_unsigned):
         return PullOutcome(name, PullStatus.REFUSED, f"not downloaded: {verdict.problem}", signer=verdict.signer)
-    here = _local_copy(store, manifest)
-    if here is not None:
-        same = here.startswith("already")
+    same = _local_copy(store, manifest)
+    if same is not None:
         trusted = _trust(store, manifest, verdict, remote.url) if same else False
-        return PullOutcome(name, PullStatus.PRESENT, here, trusted=trusted, signer=verdict.signer)
+        reason = "already in this graphs folder" if same else \
+            "this graphs folder holds its own build of this graph, which is kept"
+        return PullOutcome(name, PullStatus.PRESENT, reason, trusted=trusted, signer=verdict.signer)
     if dry_run:
         return PullOutcome(name, PullStatus.FITS, "fits; not downloaded (dry run)", signer=verdict.signer)
     package_name = f"{name.split('/')[0]}/{manifest.package_file}"
