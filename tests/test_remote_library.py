@@ -318,9 +318,17 @@ def test_a_missing_library_is_a_clear_message_and_writes_nothing(tmp_path, monke
 
     failed = pull_for(str(tmp_path / "no-such-folder"), worker, module=torch.nn.Linear(2, 2))
     assert failed.error and not worker.exists()  # never raises: the node serves eager
-    missing_client = pull("gcs://keepfast-test-bucket/lib", worker)
-    assert missing_client.error and ("gcsfs" in missing_client.error or "not found" in missing_client.error
-                                     or "credentials" in missing_client.error or "reach" in missing_client.error)
+    import importlib.util
+
+    if importlib.util.find_spec("gcsfs") is None:
+        missing_client = pull("gcs://keepfast-test-bucket/lib", worker)
+        assert missing_client.error and "needs gcsfs: python -m pip install gcsfs" in missing_client.error
+    hub = RemoteLibrary.open("hf://keepfast-test/graphs")
+    assert type(hub.fs).__name__ == "HfFileSystem" and hub.root == "keepfast-test/graphs"
+    offline = pull("hf://keepfast-test/graphs", worker)  # no such repository; or no network, as here
+    assert offline.error and any(words in offline.error for words in ("cannot reach", "not found", "credentials",
+                                                                      "access denied")), offline.error
+    assert not worker.exists()
 
 
 def test_worker_warm_up_from_the_environment_variable(saved_pipe, tmp_path, key, worker_trust, monkeypatch):

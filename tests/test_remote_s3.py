@@ -168,6 +168,26 @@ def test_two_builders_pushing_to_s3_at_once_leave_one_complete_graph_each(saved_
     assert {o.status for o in again.outcomes} == {PushStatus.PRESENT}
 
 
+def test_conditional_puts_on_s3_let_exactly_one_writer_win(s3, s3_env):
+    import threading
+
+    remote = RemoteLibrary.open(f"s3://{BUCKET}/race", writable=True)
+    wins = []
+
+    def write(index):
+        if remote.create("Model-abc/graph.json", f"writer {index}".encode() * 1000):
+            wins.append(index)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(wins) == 1
+    assert remote.read("Model-abc/graph.json") == f"writer {wins[0]}".encode() * 1000
+    assert [name for name in s3.objects(BUCKET) if name.startswith("race/")] == ["race/Model-abc/graph.json"]
+
+
 def test_s3_failures_say_what_to_do_and_leave_the_graphs_folder_empty(saved_pipe, s3, s3_env, key, tmp_path,
                                                                       monkeypatch):
     worker = tmp_path / "worker"

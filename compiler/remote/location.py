@@ -42,7 +42,8 @@ _NO_CREDENTIALS = ("NoCredentialsError", "PartialCredentialsError", "CredentialR
                    "DefaultCredentialsError", "LocalTokenNotFoundError")
 _UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
                 "ClientConnectorError", "ServerTimeoutError", "FSTimeoutError", "TimeoutError",
-                "ConnectionError", "ConnectTimeout", "ReadTimeout")
+                "ConnectionError", "ConnectTimeout", "ReadTimeout", "ConnectError", "gaierror",
+                "OfflineModeIsEnabled")
 _CUT_SHORT = ("ClientPayloadError", "ContentLengthError", "IncompleteRead", "ProtocolError", "ResponseStreamingError")
 _NOT_FOUND = ("NoSuchBucket", "RepositoryNotFoundError", "RevisionNotFoundError")
 
@@ -99,9 +100,10 @@ def describe_failure(url: str, action: str, error: BaseException) -> str:
     if names & set(_NOT_FOUND) or isinstance(error, FileNotFoundError):
         return f"{action} {url}: not found ({text}); check the bucket, repository or folder name"
     if (names & set(_UNREACHABLE) or isinstance(error, (TimeoutError, asyncio.TimeoutError, ConnectionError))
-            or "timed out" in text.lower() or "could not connect" in text.lower()):
-        return (f"{action} {url}: cannot reach the store ({text}); check the network and the endpoint "
-                "(endpoint_url in KEEPFAST_REMOTE_OPTIONS or --option)")
+            or any(words in text.lower() for words in ("timed out", "could not connect", "name or service not known",
+                                                       "temporary failure in name resolution"))):
+        return (f"{action} {url}: cannot reach the store ({text}); check the network and the store's address "
+                "(an S3-compatible store's: endpoint_url in KEEPFAST_REMOTE_OPTIONS or --option)")
     if names & set(_CUT_SHORT):
         return (f"{action} {url}: the download was cut short ({text}); nothing was written, "
                 "the next pull tries again")
