@@ -164,7 +164,7 @@ def _graphs_pull(args) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     result = pull(args.url, Path(args.dir), selector, args.dtype, options, accept_unsigned=args.unsigned,
-                  dry_run=args.dry_run)
+                  dry_run=args.dry_run, names=args.name)
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
     else:
@@ -258,6 +258,7 @@ def _add_remote_commands(graph_commands) -> None:
     pull.add_argument("--for", dest="for_", action="append", metavar="MODEL",
                       help="only this model's graphs: a diffusers model or pipeline folder, or ARCHITECTURE-STRUCTURE")
     pull.add_argument("--dtype", help="only graphs of this dtype")
+    pull.add_argument("--name", action="append", metavar="FOLDER/GRAPH_ID", help="only these graphs")
     pull.add_argument("--option", action="append", metavar="KEY=VALUE", help="fsspec storage option (repeatable)")
     pull.add_argument("--unsigned", action="store_true", help="also pull unsigned graphs (left untrusted)")
     pull.add_argument("--dry-run", action="store_true", help="say what fits; download no package")

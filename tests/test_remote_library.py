@@ -362,6 +362,8 @@ def test_a_graph_this_folder_holds_is_not_downloaded_and_its_own_build_is_kept(s
     unet = next(s for s in stored if s.name.startswith("UNet2DConditionModel"))
     exact = pull_for(url, tmp_path / "exact", structures=[unet.manifest.key.family.structure])
     assert [o.name for o in exact.pulled] == [unet.name]  # what a node that knows its structures asks for
+    named = pull(url, tmp_path / "named", names=[unet.name])
+    assert [o.name for o in named.outcomes] == [unet.name] and named.pulled
 
 
 def test_a_signed_manifest_naming_another_graphs_package_is_refused(saved_pipe, tmp_path, key, worker_trust):

@@ -187,18 +187,22 @@ def _trust(store: GraphStore, manifest: Manifest, verdict: signing.SignatureChec
 
 def pull(url: str, folder: Path | str, selector: Optional[ModelSelector] = None, dtype: Optional[str] = None,
          options: Optional[Mapping[str, Any]] = None, trust: Optional[TrustList] = None,
-         accept_unsigned: bool = False, dry_run: bool = False) -> PullResult:
-    """Pull what fits from the library at `url` into the graphs folder `folder`. Never raises for a
-    remote problem: the result's `error` (library unreadable) or its refused outcomes say what went wrong."""
+         accept_unsigned: bool = False, dry_run: bool = False, names: Optional[Iterable[str]] = None) -> PullResult:
+    """Pull what fits from the library at `url` into the graphs folder `folder` (only `names`,
+    FOLDER/GRAPH_ID, if given: the page's "pull this graph"). Never raises for a remote problem: the
+    result's `error` (library unreadable) or its refused outcomes say what went wrong."""
     started = time.perf_counter()
     result = PullResult(url, Path(folder))
     store = GraphStore(folder, trust)
     remote: Optional[RemoteLibrary] = None
     try:
         remote = RemoteLibrary.open(url, options)
-        names = remote.manifest_names()
+        listed = remote.manifest_names()
+        if names is not None:
+            wanted = {f"{name.strip('/')}{MANIFEST_SUFFIX}" for name in names}
+            listed = [relative for relative in listed if relative in wanted]
         trusted_keys = store.trust.keys()
-        for relative in names:
+        for relative in listed:
             result.outcomes.append(_pull_one(remote, store, relative, selector, dtype, trusted_keys,
                                              accept_unsigned, dry_run))
     except (RemoteError, StoreError) as error:
