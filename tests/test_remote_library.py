@@ -383,3 +383,19 @@ def test_a_signed_manifest_naming_another_graphs_package_is_refused(saved_pipe, 
     outcome = {o.name + ".json": o for o in result.outcomes}[names[0]]
     assert outcome.status == PullStatus.REFUSED and "not one of its graph's names" in outcome.reason
     assert GraphStore(tmp_path / "worker").verify() == []
+
+
+def test_the_trust_list_keeps_packages_and_keys_apart_and_reads_its_old_format(tmp_path):
+    path = tmp_path / "trusted.json"
+    path.write_text(json.dumps({"format": 1, "trusted": {"a" * 64: {"source": "old", "added": "2025"}}}))
+    trust = TrustList(path)
+    assert trust.is_trusted("a" * 64) and trust.keys() == {}  # a list written before keys existed
+    public = PublicKey(b"\1" * 32, "team")
+    assert trust.add_key(public.key_id, public.line(), "team") and not trust.add_key(public.key_id, "x", "y")
+    trust.add("b" * 64, "signed by team", key_id=public.key_id)
+    trust.add("c" * 64, "by hand")
+    trust.remove("a" * 64)
+    assert set(trust.keys()) == {public.key_id}  # package edits keep the keys
+    assert trust.remove_key(public.key_id) == 1  # and a key takes what it vouched for with it
+    assert not trust.is_trusted("b" * 64) and trust.is_trusted("c" * 64) and trust.keys() == {}
+    assert json.loads(path.read_text())["format"] == 1
