@@ -176,6 +176,29 @@ def _graphs_pull(args) -> int:
     return 0 if result.ok else 1
 
 
+def _graphs_warm_up(args) -> int:
+    """A worker's start: pull from $KEEPFAST_REMOTE_LIBRARY; exit 0 whatever the library does (the worker
+    starts, serving eager where no graph came)."""
+    from .remote import NotAModel, pull, remote_library_url, selector_for_path
+    from .remote.select import selectors_union
+    from .remote.warmup import REMOTE_LIBRARY_ENV, UNSIGNED_ENV
+
+    url = remote_library_url()
+    if url is None:
+        print(f"${REMOTE_LIBRARY_ENV} is not set: no remote graph library to pull from")
+        return 0
+    try:
+        selector = selectors_union(selector_for_path(target) for target in args.for_ or [])
+    except NotAModel as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    result = pull(url, Path(args.dir), selector, accept_unsigned=os.environ.get(UNSIGNED_ENV, "") == "1")
+    for outcome in result.refused:
+        print(f"refused {outcome.name}: {outcome.reason}", file=sys.stderr)
+    print(f"warm-up: {result.summary()}", file=sys.stderr if result.error else sys.stdout)
+    return 0
+
+
 def _graphs_push(args) -> int:
     from .remote import SigningKeyError, push
     from .remote.signing import SIGNING_KEY_ENV
@@ -264,6 +287,11 @@ def _add_remote_commands(graph_commands) -> None:
     pull.add_argument("--dry-run", action="store_true", help="say what fits; download no package")
     pull.add_argument("--json", action="store_true")
     pull.set_defaults(run=_graphs_pull)
+    warm = graph_commands.add_parser("warm-up", help="a worker's start: pull from $KEEPFAST_REMOTE_LIBRARY "
+                                     "(exit 0 even when it cannot be read)")
+    warm.add_argument("dir", help="the local graphs folder")
+    warm.add_argument("--for", dest="for_", action="append", metavar="MODEL", help="as for pull")
+    warm.set_defaults(run=_graphs_warm_up)
     push = graph_commands.add_parser("push", help="sign and upload a graphs folder's graphs to a remote library")
     push.add_argument("dir")
     push.add_argument("url")

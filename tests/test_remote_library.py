@@ -399,3 +399,21 @@ def test_the_trust_list_keeps_packages_and_keys_apart_and_reads_its_old_format(t
     assert trust.remove_key(public.key_id) == 1  # and a key takes what it vouched for with it
     assert not trust.is_trusted("b" * 64) and trust.is_trusted("c" * 64) and trust.keys() == {}
     assert json.loads(path.read_text())["format"] == 1
+
+
+def test_the_warm_up_command_pulls_from_the_variable_and_never_stops_a_worker(saved_pipe, tmp_path, key,
+                                                                              worker_trust, monkeypatch, capsys):
+    shared = tmp_path / "shared"
+    assert push(saved_pipe.graphs, str(shared), key).ok
+    _trust_builder(worker_trust, key)
+    monkeypatch.delenv("KEEPFAST_REMOTE_LIBRARY", raising=False)
+    assert cli_main(["graphs", "warm-up", str(tmp_path / "w")]) == 0
+    assert "not set" in capsys.readouterr().out and not (tmp_path / "w").exists()
+    monkeypatch.setenv("KEEPFAST_REMOTE_LIBRARY", str(tmp_path / "missing"))
+    assert cli_main(["graphs", "warm-up", str(tmp_path / "w")]) == 0
+    assert "not found" in capsys.readouterr().err and not (tmp_path / "w").exists()
+    monkeypatch.setenv("KEEPFAST_REMOTE_LIBRARY", str(shared))
+    assert cli_main(["graphs", "warm-up", str(tmp_path / "w")]) == 0
+    out = capsys.readouterr().out
+    assert f"warm-up: {len(GraphStore(saved_pipe.graphs).graphs())} pulled" in out and " s)" in out
+    assert layout(tmp_path / "w") == layout(saved_pipe.graphs)
