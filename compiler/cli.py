@@ -1,4 +1,5 @@
-"""Command line: the demo, the benchmark, and graph store upkeep (ls, verify, rm, trust, export, import).
+"""Command line: the demo, the benchmark, graph store upkeep (ls, verify, rm, trust, export, import) and
+remote libraries (pull, push, keygen, trust-key, untrust-key, keys; docs/fleet.md).
 
 The same functions the ComfyUI nodes and the diffusers API use; nothing here
 has logic of its own beyond printing.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -137,6 +139,181 @@ def _graphs_import(args) -> int:
     return 0
 
 
+def _options(pairs: Optional[List[str]]) -> dict:
+    """--option KEY=VALUE pairs as fsspec storage options (VALUE parsed as JSON when it is JSON)."""
+    options = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option {pair!r}: give KEY=VALUE")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
+
+
+def _graphs_pull(args) -> int:
+    from .remote import NotAModel, pull, selector_for_path
+    from .remote.select import selectors_union
+
+    try:
+        selector = selectors_union(selector_for_path(target) for target in args.for_ or [])
+        options = _options(args.option)
+    except (NotAModel, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    result = pull(args.url, Path(args.dir), selector, args.dtype, options, accept_unsigned=args.unsigned,
+                  dry_run=args.dry_run, names=args.name)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+    else:
+        for outcome in result.outcomes:
+            detail = f" ({outcome.bytes / 1e6:.1f} MB" + (f", signed by {outcome.signer}" if outcome.signer else "") \
+                + ")" if outcome.bytes else ""
+            print(f"{outcome.status.value} {outcome.name}{detail}" + (f": {outcome.reason}" if outcome.reason else ""))
+        print(result.summary(), file=sys.stderr if result.error else sys.stdout)
+    return 0 if result.ok else 1
+
+
+def _graphs_warm_up(args) -> int:
+    """A worker's start: pull from $KEEPFAST_REMOTE_LIBRARY; exit 0 whatever the library does (the worker
+    starts, serving eager where no graph came)."""
+    from .remote import NotAModel, pull, remote_library_url, selector_for_path
+    from .remote.select import selectors_union
+    from .remote.warmup import REMOTE_LIBRARY_ENV, UNSIGNED_ENV
+
+    url = remote_library_url()
+    if url is None:
+        print(f"${REMOTE_LIBRARY_ENV} is not set: no remote graph library to pull from")
+        return 0
+    try:
+        selector = selectors_union(selector_for_path(target) for target in args.for_ or [])
+    except NotAModel as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    result = pull(url, Path(args.dir), selector, accept_unsigned=os.environ.get(UNSIGNED_ENV, "") == "1")
+    for outcome in result.refused:
+        print(f"refused {outcome.name}: {outcome.reason}", file=sys.stderr)
+    print(f"warm-up: {result.summary()}", file=sys.stderr if result.error else sys.stdout)
+    return 0
+
+
+def _graphs_push(args) -> int:
+    from .remote import SigningKeyError, push
+    from .remote.signing import SIGNING_KEY_ENV
+
+    store = _open_store(args.dir)
+    if store is None:
+        return 2
+    key = args.key or os.environ.get(SIGNING_KEY_ENV)
+    if not key:
+        print(f"error: push signs every graph: give --key KEYFILE or set ${SIGNING_KEY_ENV} "
+              "(make a key with: python -m compiler graphs keygen KEYFILE)", file=sys.stderr)
+        return 2
+    try:
+        result = push(store.root, args.url, Path(key), names=args.name or None, options=_options(args.option))
+    except (SigningKeyError, GraphRefused, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for outcome in result.outcomes:
+        print(f"{outcome.status.value} {outcome.name}" + (f": {outcome.reason}" if outcome.reason else ""))
+    print(result.summary(), file=sys.stderr if result.error else sys.stdout)
+    return 0 if result.ok else 1
+
+
+def _graphs_keygen(args) -> int:
+    from .remote import SigningKeyError, generate_key
+
+    try:
+        public = generate_key(Path(args.file), args.name or Path(args.file).stem)
+    except SigningKeyError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"private key {args.file} (keep it secret), public key {args.file}.pub (key {public.key_id}); "
+          f"workers trust it with: python -m compiler graphs trust-key {args.file}.pub")
+    return 0
+
+
+def _graphs_trust_key(args) -> int:
+    from .remote import PublicKey, SigningKeyError
+    from .trust import TrustList
+
+    try:
+        public = PublicKey.read(args.key)
+    except SigningKeyError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    name = args.name or public.name
+    added = TrustList().add_key(public.key_id, PublicKey(public.raw, name).line(), name)
+    print(f"{'trusting' if added else 'already trusted:'} key {public.key_id} ({name or 'no name'}): graphs it "
+          "signed are trusted when pulled")
+    return 0
+
+
+def _graphs_untrust_key(args) -> int:
+    from .trust import TrustList
+
+    trust_list = TrustList()
+    if args.key_id not in trust_list.keys():
+        print(f"error: key {args.key_id} is not on the trust list (graphs keys lists them)", file=sys.stderr)
+        return 2
+    dropped = trust_list.remove_key(args.key_id)
+    print(f"no longer trusting key {args.key_id}, nor the {dropped} packages trusted because of it")
+    return 0
+
+
+def _graphs_keys(args) -> int:
+    from .trust import TrustList
+
+    keys = TrustList().keys()
+    if not keys:
+        print("no builder keys trusted (python -m compiler graphs trust-key FILE.pub)")
+    for key_id, entry in sorted(keys.items()):
+        print(f"{key_id}  {entry.get('name', '')}  added {entry.get('added', '')}")
+    return 0
+
+
+def _add_remote_commands(graph_commands) -> None:
+    pull = graph_commands.add_parser("pull", help="copy the graphs of a remote library that fit here (and a model)")
+    pull.add_argument("url", help="s3://bucket/prefix, hf://org/repo, gcs://..., or a shared folder")
+    pull.add_argument("dir", help="the local graphs folder, e.g. ComfyUI/models/graphs")
+    pull.add_argument("--for", dest="for_", action="append", metavar="MODEL",
+                      help="only this model's graphs: a diffusers model or pipeline folder, or ARCHITECTURE-STRUCTURE")
+    pull.add_argument("--dtype", help="only graphs of this dtype")
+    pull.add_argument("--name", action="append", metavar="FOLDER/GRAPH_ID", help="only these graphs")
+    pull.add_argument("--option", action="append", metavar="KEY=VALUE", help="fsspec storage option (repeatable)")
+    pull.add_argument("--unsigned", action="store_true", help="also pull unsigned graphs (left untrusted)")
+    pull.add_argument("--dry-run", action="store_true", help="say what fits; download no package")
+    pull.add_argument("--json", action="store_true")
+    pull.set_defaults(run=_graphs_pull)
+    warm = graph_commands.add_parser("warm-up", help="a worker's start: pull from $KEEPFAST_REMOTE_LIBRARY "
+                                     "(exit 0 even when it cannot be read)")
+    warm.add_argument("dir", help="the local graphs folder")
+    warm.add_argument("--for", dest="for_", action="append", metavar="MODEL", help="as for pull")
+    warm.set_defaults(run=_graphs_warm_up)
+    push = graph_commands.add_parser("push", help="sign and upload a graphs folder's graphs to a remote library")
+    push.add_argument("dir")
+    push.add_argument("url")
+    push.add_argument("--key", help="the builder's private key (graphs keygen); default $KEEPFAST_SIGNING_KEY")
+    push.add_argument("--name", action="append", metavar="FOLDER/GRAPH_ID", help="only these graphs")
+    push.add_argument("--option", action="append", metavar="KEY=VALUE", help="fsspec storage option (repeatable)")
+    push.set_defaults(run=_graphs_push)
+    keygen = graph_commands.add_parser("keygen", help="make a builder's ed25519 signing key (FILE and FILE.pub)")
+    keygen.add_argument("file")
+    keygen.add_argument("--name", help="the builder's name, shown to those who pull")
+    keygen.set_defaults(run=_graphs_keygen)
+    trust_key = graph_commands.add_parser("trust-key", help="trust every graph a builder's key signed")
+    trust_key.add_argument("key", help="the builder's FILE.pub (or its line)")
+    trust_key.add_argument("--name")
+    trust_key.set_defaults(run=_graphs_trust_key)
+    untrust_key = graph_commands.add_parser("untrust-key", help="stop trusting a key and what it vouched for")
+    untrust_key.add_argument("key_id")
+    untrust_key.set_defaults(run=_graphs_untrust_key)
+    keys = graph_commands.add_parser("keys", help="list trusted builder keys")
+    keys.set_defaults(run=_graphs_keys)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m compiler", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -173,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--trust", action="store_true", help="also trust it (it is native code)")
     imp.add_argument("--dtype", help="refuse a graph of another dtype")
     imp.set_defaults(run=_graphs_import)
+    _add_remote_commands(graph_commands)
 
     from .testing.bench import add_arguments as _bench_arguments, run_from_args as _bench_run
 
