@@ -203,14 +203,21 @@ class KeepFastLoadGraph(io.ComfyNode):
                 io.Boolean.Input("trust_graph", default=False,
                                  tooltip="Add the chosen graphs to this machine's trust list (graphs are native "
                                          "code; ones built elsewhere load only when trusted)."),
+                # optional: API-format prompts written before this input existed leave it out
+                io.String.Input("library", default="", optional=True,
+                                tooltip="A remote graph library to pull this model's graphs from first (only those "
+                                        "that fit this machine; signed by a builder key you trust): "
+                                        "s3://bucket/prefix, hf://org/repo or a shared folder. Empty: "
+                                        "$KEEPFAST_REMOTE_LIBRARY, if set (docs/fleet.md)."),
             ],
         )
 
     @classmethod
-    def execute(cls, graph, compile_if_missing, trust_graph, model=None, vae=None) -> io.NodeOutput:
+    def execute(cls, graph, compile_if_missing, trust_graph, model=None, vae=None, library="") -> io.NodeOutput:
         runtime.setup()
         report = Report(f"KeepFast Load Graph '{graph}'")
-        model_out, vae_out = operations.load(model, vae, graph, compile_if_missing, trust_graph, report)
+        model_out, vae_out = operations.load(model, vae, graph, compile_if_missing, trust_graph, report,
+                                             library=library)
         return _reported(model_out, vae_out, report)
 
 

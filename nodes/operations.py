@@ -340,8 +340,11 @@ def _save_forward(what: str, forward: CompiledForward, calls, store: MultiRootSt
 
 # -- loading --------------------------------------------------------------------------
 
-def load(model, vae, choice: str, compile_on_miss: bool, trust: bool, report: Report):
-    """Serve the model and VAE from stored graphs, loaded now; refusals are reported, never raised."""
+def load(model, vae, choice: str, compile_on_miss: bool, trust: bool, report: Report, library: str = ""):
+    """Serve the model and VAE from stored graphs, loaded now; refusals are reported, never raised.
+
+    `library` (else $KEEPFAST_REMOTE_LIBRARY): a remote graph library (docs/fleet.md) whose graphs of these
+    models that fit this machine are pulled into the first graphs folder first."""
     unavailable = runtime.compile_unavailable(_backend_of(model, vae))
     if unavailable:
         report.add(f"graphs cannot run here ({unavailable}); the model and VAE pass through unchanged")
@@ -356,14 +359,10 @@ def load(model, vae, choice: str, compile_on_miss: bool, trust: bool, report: Re
             model, dataclasses.replace(runner.settings, compile_on_miss=compile_on_miss) if runner else settings)
         module = model_out.get_model_object("diffusion_model")
         engine = runner.block_engine(module)
-        if engine is not None:
-            _load_blocks(runner, model_out, engine, choice, trust, report)
-            if vae is None:
-                return model_out, vae_out
-    if model is not None and engine is None:
-        forward = runner.forward_for(module)
-        targets.append(("model", type(module).__name__, forward.structure(),
-                        lambda signature, m=model_out: unet.family_here(m, signature)))
+        if engine is None:
+            forward = runner.forward_for(module)
+            targets.append(("model", type(module).__name__, forward.structure(),
+                            lambda signature, m=model_out: unet.family_here(m, signature)))
     if vae is not None:
         vrunner = vae_side.runner_of(vae)
         vae_settings = (dataclasses.replace(vrunner.settings, compile_on_miss=compile_on_miss) if vrunner
@@ -380,6 +379,10 @@ def load(model, vae, choice: str, compile_on_miss: bool, trust: bool, report: Re
                     structures.add(structure)
                     targets.append(("VAE", type(vrunner.forwards[op].module).__name__, structure,
                                     lambda signature, op=op, r=vrunner: r.family_here(signature, op)))
+    block_structures = {group.structure for group in engine.groups} if engine is not None else set()
+    _pull(library, block_structures | {structure for _, _, structure, _ in targets}, report)
+    if engine is not None:
+        _load_blocks(runner, model_out, engine, choice, trust, report)
     if not targets:
         if engine is None:
             report.add("connect a MODEL and/or a VAE to load graphs for")
@@ -392,6 +395,20 @@ def load(model, vae, choice: str, compile_on_miss: bool, trust: bool, report: Re
             continue
         _load_one(where, name, targets, trust, report, skip=served_by_blocks)
     return model_out, vae_out
+
+
+def _pull(library: str, structures: set, report: Report) -> None:
+    """Pull these structures' graphs that fit here from the remote library, if one is named (never raises:
+    a library that cannot be read is reported and the node goes on with what the graphs folder has)."""
+    from ..compiler import remote
+
+    url = library.strip() or remote.remote_library_url()
+    if not url or not structures:
+        return
+    result = remote.pull_for(url, runtime.store().root, structures=structures)
+    report.add(result.summary())
+    for outcome in result.refused:
+        report.add(f"{outcome.name} refused: {outcome.reason}")
 
 
 def _load_blocks(runner: unet.UnetRunner, model, engine: BlockEngine, choice: str, trust: bool,

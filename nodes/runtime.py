@@ -47,7 +47,8 @@ def setup() -> None:
     from . import oneflow_comfy
 
     with _lock:
-        if not _state["setup"]:
+        first = not _state["setup"]
+        if first:
             _sweep_leftovers()
         register_graphs_folder()
         oneflow_comfy.register()
@@ -58,6 +59,8 @@ def setup() -> None:
         if not _state["route"]:
             _state["route"] = _register_route()
         _state["setup"] = True
+    if first:
+        _warm_up_from_remote_library()
 
 
 def _sweep_leftovers() -> None:
@@ -71,6 +74,19 @@ def _sweep_leftovers() -> None:
         return
     if swept:
         log.info("[KeepFast] removed %d graph folders left by stopped processes", len(swept))
+
+
+def _warm_up_from_remote_library() -> None:
+    """$KEEPFAST_REMOTE_LIBRARY (docs/fleet.md): pull every graph that fits this machine into the first graphs
+    folder, in a thread (ComfyUI starts meanwhile; Load Graph and the Speedup nodes find what has landed).
+    Logged with its time; a library that cannot be read is logged and nothing else happens."""
+    from ..compiler import remote
+
+    if not remote.remote_library_url():
+        return
+    folder = graphs_folders()[0]
+    threading.Thread(target=remote.warm_up_from_env, args=(folder,), name="keepfast-remote-warm-up",
+                     daemon=True).start()
 
 
 def register_graphs_folder() -> List[str]:

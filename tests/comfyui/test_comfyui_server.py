@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -504,3 +505,42 @@ def test_inductor_backend_serves_new_shapes_without_compiling(server):
         assert_served(delta, vae=True)
         for a, b in zip(images, eager_images(server, prompt)):
             assert_same_image(a, b, f"inductor {case}")
+
+
+def test_load_graph_pulls_from_a_remote_library(server, tmp_path):
+    """A fleet worker (docs/fleet.md): a builder pushes its graphs, signed, to a library (a shared folder
+    here; S3 in tests/test_remote_s3.py); the worker trusts the builder's key once, starts with an empty
+    graphs folder, and Load Graph with `library` pulls what fits and serves the first image with no compile."""
+    import subprocess
+    import sys
+
+    saved_set(server)
+    folder, library, key = graphs_folder(server), tmp_path / "library", tmp_path / "builder.key"
+    env = {**os.environ, "KEEPFAST_TRUST_FILE": server.env["KEEPFAST_TRUST_FILE"]}
+
+    def graphs(*args):
+        done = subprocess.run([sys.executable, "-m", "compiler", "graphs", *map(str, args)], cwd=S.REPO, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    graphs("keygen", key, "--name", "builder")
+    graphs("push", folder, library, "--key", key)
+    graphs("trust-key", f"{key}.pub")
+    kept = folder.with_name("graphs-before-pull")
+    folder.rename(kept)
+    folder.mkdir()
+    try:
+        server.restart()
+        prompt = _load_prompt(server, "(every stored graph that fits)", seed=91)
+        S.set_inputs(prompt, "KeepFastLoadGraph", library=str(library))
+        entry, images, delta = run(server, prompt)
+        report = _report(server, entry, prompt)
+        assert "pulled" in report and str(library) in report, report
+        assert_served(delta, vae=True)
+        assert delta["loads"] >= 2 and delta["compiles"] == 0, delta
+        assert sorted(p.name for p in folder.glob("*/*.json")), "nothing was pulled into the graphs folder"
+        assert_same_image(images[0], eager_images(server, prompt)[0], "graphs pulled from the library")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        kept.rename(folder)
