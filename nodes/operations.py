@@ -405,7 +405,8 @@ def _pull(library: str, structures: set, report: Report) -> None:
     url = library.strip() or remote.remote_library_url()
     if not url or not structures:
         return
-    result = remote.pull_for(url, runtime.store().root, structures=structures)
+    store = runtime.store()
+    result = remote.pull_for(url, store.root, structures=structures, trust=store.trust)
     report.add(result.summary())
     for outcome in result.refused:
         report.add(f"{outcome.name} refused: {outcome.reason}")

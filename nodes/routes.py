@@ -36,6 +36,8 @@ GRAPHS = PREFIX + "/graphs"
 VERIFY = GRAPHS + "/verify"
 DELETE = GRAPHS + "/delete"
 TRUST = GRAPHS + "/trust"
+REMOTE_CHECK = PREFIX + "/remote/check"
+REMOTE_PULL = PREFIX + "/remote/pull"
 MAX_NAME = 300
 
 StoreFactory = Callable[[], MultiRootStore]
@@ -149,6 +151,25 @@ def trust_graph(store: MultiRootStore, name: Any, root: Any = None) -> Dict[str,
     return {"trusted": True, "graph": graph_row(where, index, path, stored, None)}
 
 
+def remote_library(store: MultiRootStore, url: Any, names: Any = None, dry_run: bool = True) -> Dict[str, Any]:
+    """A remote graph library (docs/fleet.md) as the page sees it: what fits this machine (dry_run: nothing
+    downloaded but manifests), or pull it (only `names`, FOLDER/GRAPH_ID, when given) into the first graphs
+    folder. A library that cannot be read answers 502 with the reason."""
+    from ..compiler import remote
+
+    if not isinstance(url, str) or not url.strip():
+        url = remote.remote_library_url()
+        if not url:
+            raise RouteError(400, "give the library's address: s3://bucket/prefix, hf://org/repo or a folder "
+                                  "(or set KEEPFAST_REMOTE_LIBRARY)")
+    if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
+        raise RouteError(400, "names must be a list of FOLDER/GRAPH_ID")
+    result = remote.pull(url.strip(), store.root, trust=store.trust, names=names, dry_run=dry_run)
+    if result.error:
+        raise RouteError(502, result.error)
+    return {**result.to_json(), "summary": result.summary()}
+
+
 # -- aiohttp ------------------------------------------------------------------------
 
 async def _body(request: web.Request) -> Dict[str, Any]:
@@ -205,6 +226,16 @@ def add_routes(routes: web.RouteTableDef, store: StoreFactory,
 
         routes.post(path)(post)
         routes.get(path)(refuse_get)
+
+    for path, dry_run in ((REMOTE_CHECK, True), (REMOTE_PULL, False)):
+        async def remote_post(request: web.Request, dry_run: bool = dry_run) -> web.Response:
+            try:
+                data = await _body(request)
+            except RouteError as error:
+                return error_response(error.status, error.message)
+            return await _answer(lambda: remote_library(store(), data.get("url"), data.get("names"), dry_run))
+
+        routes.post(path)(remote_post)
 
     action(VERIFY, verify_graphs, everything=True)
     action(DELETE, delete_graph)

@@ -9,6 +9,7 @@ the session's compiled graphs for one listing of real ones.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from pathlib import Path
 from typing import Any, Optional
@@ -37,10 +38,10 @@ atomic = _pack_module("compiler.atomic")
 
 
 def _write_graph(root: Path, trust, architecture: str, dtype: str = "float16", origin: str = "built here",
-                 payload: bytes = b"package bytes", spatial=(8, 128)):
+                 payload: bytes = b"package bytes", spatial=(8, 128), torch_version: str = "2.13.0"):
     """A manifest and package as the store writes them ('built here' puts it on the trust list)."""
     family = keys.FamilyKey(architecture=architecture, structure="abcdef0123456789", signature="sig0",
-                            dtype=dtype, device="cpu", backend="aot", torch_version="2.13.0")
+                            dtype=dtype, device="cpu", backend="aot", torch_version=torch_version)
     key = keys.GraphKey(family, shapes.ShapeRange(batch=(1, 4), spatial=spatial, sequence=(1, 231)))
     sha = atomic.sha256_bytes(payload)
     manifest = manifest_module.Manifest(
@@ -275,3 +276,36 @@ def test_the_sessions_compiled_graphs_list_and_verify(saved_pipe, tmp_path, trus
         assert row["trusted"] is False  # another trust list than the one that built them
         status, verified = api("POST", routes.VERIFY, {"name": row["name"]})
         assert status == 200 and verified["ok"] is True, verified
+
+
+def test_the_page_checks_and_pulls_a_remote_library(library, tmp_path, trust):
+    """The page's remote library: Check lists what the library holds and whether it fits here without
+    downloading a package; Pull brings the graphs that fit, signed by a trusted builder, into the first graphs
+    folder; a library that cannot be read answers 502 with the reason, and no address at all 400."""
+    signing = _pack_module("compiler.remote.signing")
+    push = _pack_module("compiler.remote.push")
+    here = _pack_module("compiler.environment").torch_version()
+    builder = tmp_path / "builder-graphs"
+    fits = _write_graph(builder, trust, "UNetModel", torch_version=here, payload=b"fits here")
+    other = _write_graph(builder, trust, "UNetModel", payload=b"another torch", spatial=(8, 64))
+    public = signing.generate_key(tmp_path / "builder.key", "builder")
+    remote = tmp_path / "remote-library"
+    push.push(builder, str(remote), tmp_path / "builder.key")
+    worker = tmp_path / "worker-graphs"
+    api = Api(lambda: adapter.MultiRootStore([worker], trust))
+    status, checked = api("POST", routes.REMOTE_CHECK, {"url": str(remote)})
+    assert status == 200, checked
+    # The builder's key is not trusted yet: refused with the command that trusts it; the misfit is skipped.
+    assert {g["name"]: g["status"] for g in checked["graphs"]} == {fits.name: "refused", other.name: "skipped"}
+    assert "trust-key" in next(g["reason"] for g in checked["graphs"] if g["name"] == fits.name), checked
+    trust.add_key(public.key_id, public.line(), "builder")  # the user trusts the builder once
+    status, checked = api("POST", routes.REMOTE_CHECK, {"url": str(remote)})
+    assert {g["name"]: g["status"] for g in checked["graphs"]} == {fits.name: "fits", other.name: "skipped"}, checked
+    assert not worker.exists() or not list(worker.rglob("*.pt2"))  # a check downloads no package
+    status, pulled = api("POST", routes.REMOTE_PULL, {"url": str(remote), "names": [fits.name]})
+    assert status == 200 and [(g["name"], g["status"]) for g in pulled["graphs"]] == [(fits.name, "pulled")], pulled
+    assert "1 pulled" in pulled["summary"] and (worker / f"{fits.name}.json").is_file()
+    status, missing = api("POST", routes.REMOTE_CHECK, {"url": str(tmp_path / "no-such-library")})
+    assert status == 502 and "not found" in missing["error"], missing
+    status, nothing = api("POST", routes.REMOTE_CHECK, {"url": ""})
+    assert status == 400 and "library's address" in nothing["error"], nothing

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -191,6 +192,36 @@ def test_a_bad_name_is_refused_and_shown(compiled, page_server, artifacts):
     after = sorted(p for p in page_server.base.rglob("*") if p.is_file() and "user" not in p.parts)
     assert [p for p in before if p not in after] == []
     assert len(result["rows"]) == len(stored_graphs(page_server))
+
+
+def test_the_library_pulls_from_a_remote_library(compiled, page_server, artifacts, tmp_path):
+    """A worker's page: the graphs a builder pushed signed to a library (a folder here), its key trusted once,
+    an empty graphs folder; the library tab's Check lists them as fitting (nothing downloaded), Pull brings
+    them in and the local list shows them."""
+    files = stored_graphs(page_server)
+    assert files
+    library, key = tmp_path / "remote-library", tmp_path / "builder.key"
+    env = {**os.environ, "KEEPFAST_TRUST_FILE": str(page_server.trust_file)}
+    for args in (["keygen", key, "--name", "builder"], ["push", page_server.base / "models" / "graphs", library,
+                                                         "--key", key], ["trust-key", f"{key}.pub"]):
+        done = subprocess.run([sys.executable, "-m", "compiler", "graphs", *map(str, args)], cwd=S.REPO, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+    folder = page_server.base / "models" / "graphs"
+    kept = folder.with_name("graphs-kept")
+    folder.rename(kept)
+    folder.mkdir()
+    try:
+        result = run_phase(page_server, artifacts, "remote", url_remote=str(library))
+        names = {f"{f.parent.name}/{f.stem}" for f in files}
+        assert {row["name"]: row["status"] for row in result["checked"]} == dict.fromkeys(names, "fits"), result
+        assert {row["name"]: row["status"] for row in result["pulled"]} == dict.fromkeys(names, "pulled"), result
+        assert f"{len(names)} pulled" in result["pull_status"], result["pull_status"]
+        assert names <= {row["name"] for row in result["rows"]}
+        assert {f"{f.parent.name}/{f.stem}" for f in stored_graphs(page_server)} == names
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        kept.rename(folder)
 
 
 def test_delete_in_the_library_removes_the_files(compiled, page_server, artifacts):

@@ -95,12 +95,21 @@ export class GraphLibrary {
     this.status = element("div", { className: "kf-status", "data-kf": "status" });
     this.list = element("div", { "data-kf": "list" });
     this.events = element("div", { className: "kf-events", "data-kf": "events" });
+    this.remoteUrl = element("input", { "data-kf": "remote-url", placeholder: "s3://bucket/prefix, hf://org/repo or a folder" });
+    this.remoteList = element("div", { "data-kf": "remote-list" });
+    const remote = element("details", { className: "kf-remote", "data-kf": "remote" },
+      element("summary", {}, "Remote library (pull graphs that fit this machine)"),
+      this.remoteUrl,
+      element("div", { className: "kf-bar" },
+        element("button", { "data-kf": "remote-check", onclick: () => this.remote(true) }, "Check"),
+        element("button", { "data-kf": "remote-pull", onclick: () => this.remote(false) }, "Pull what fits")),
+      this.remoteList);
     this.root = element("div", { className: "kf-library", "data-kf": "library" },
       element("h3", {}, "KeepFast graphs"),
       element("div", { className: "kf-bar" },
         element("button", { "data-kf": "refresh", onclick: () => this.refresh() }, "Refresh"),
         element("button", { "data-kf": "verify-all", onclick: () => this.verifyAll() }, "Verify all")),
-      this.status, this.list, this.events);
+      this.status, this.list, remote, this.events);
     container.append(this.root);
     return this.refresh();
   }
@@ -190,6 +199,23 @@ export class GraphLibrary {
     }
     await this.refresh();
     this.say(action === "delete" ? `deleted ${name} (${answer.data.removed.length} files)` : `trusted ${name}`);
+    return answer;
+  }
+
+  /** Check a remote library (what fits here, nothing downloaded but manifests) or pull what fits. */
+  async remote(dryRun) {
+    const url = this.remoteUrl.value.trim();
+    this.say(dryRun ? `checking ${url || "$KEEPFAST_REMOTE_LIBRARY"}…` : `pulling from ${url || "$KEEPFAST_REMOTE_LIBRARY"}…`);
+    const answer = await callRoute(this.api, dryRun ? "/keepfast/remote/check" : "/keepfast/remote/pull", { url });
+    if (!answer.ok) {
+      this.say(answer.data.error || `HTTP ${answer.status}`, true);
+      return answer;
+    }
+    this.remoteList.replaceChildren(...(answer.data.graphs || []).map((graph) => element("div",
+      { className: "kf-remote-graph", "data-name": graph.name, "data-status": graph.status },
+      `${graph.status}: ${graph.name}${graph.reason ? ` (${graph.reason})` : ""}${graph.signer ? `, signed by ${graph.signer}` : ""}`)));
+    if (!dryRun) await this.refresh();
+    this.say(answer.data.summary);
     return answer;
   }
 

@@ -193,6 +193,27 @@ async function frame(page, ids) {
   await page.waitForTimeout(300);
 }
 
+async function remoteLibrary(page) {
+  // The library tab's remote section: Check (what fits, nothing downloaded), then Pull what fits.
+  await openLibrary(page);
+  await page.locator('[data-kf="remote"] summary').click();
+  await page.locator('[data-kf="remote-url"]').fill(config.url_remote);
+  const rows = async () => page.$$eval('[data-kf="remote-list"] .kf-remote-graph', (items) => items.map((item) => ({
+    name: item.getAttribute("data-name"), status: item.getAttribute("data-status"), text: item.innerText })));
+  await page.locator('[data-kf="remote-check"]').click();
+  await page.waitForFunction(() => document.querySelectorAll('[data-kf="remote-list"] .kf-remote-graph').length > 0);
+  result.checked = await rows();
+  result.check_status = await statusText(page);
+  step(`remote check: ${result.checked.length} graphs`);
+  await page.locator('[data-kf="remote-pull"]').click();
+  await page.waitForFunction(() => /pulled/.test(document.querySelector('[data-kf="status"]')?.innerText || ""));
+  result.pulled = await rows();
+  result.pull_status = await statusText(page);
+  result.rows = await libraryRows(page);
+  await page.screenshot({ path: path.join(config.artifacts, "remote-library.png") });
+  step(`remote pull: ${result.pull_status}`);
+}
+
 async function library(page) {
   await openLibrary(page);
   result.rows = await libraryRows(page);
@@ -253,7 +274,7 @@ try {
       "--disable-background-networking", "--disable-component-update", "--disable-sync"],
   });
   const page = await openPage(context);
-  const phases = { compile, background, library, delete: remove, badname: badName };
+  const phases = { compile, background, library, remote: remoteLibrary, delete: remove, badname: badName };
   if (!phases[phase]) throw new Error(`unknown phase ${phase}`);
   await phases[phase](page);
 } catch (error) {
