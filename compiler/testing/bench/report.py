@@ -330,15 +330,16 @@ def markdown(summary: Dict[str, Any]) -> str:
     add("- ratios are \"times faster\" (above 1: the first-named is faster); steady state is the median of "
         "alternating eager/compiled calls in the same process")
     add("")
-    add(f"## Targets ({summary.get('headline_model')}; ours = {summary.get('headline_ours_variant')})")
-    add("")
-    add("| target | value | status |")
-    add("|---|---|---|")
-    for key, target in (summary.get("targets") or {}).items():
-        met = target.get("met")
-        status = "not measured" if met is None else ("met" if met else "NOT met")
-        add(f"| {target['target']} (`{key}` {target['rule']}) | {_fmt(target.get('value'), 3)} | {status} |")
-    add("")
+    if summary.get("headline_model"):  # none with --sessions-only
+        add(f"## Targets ({summary.get('headline_model')}; ours = {summary.get('headline_ours_variant')})")
+        add("")
+        add("| target | value | status |")
+        add("|---|---|---|")
+        for key, target in (summary.get("targets") or {}).items():
+            met = target.get("met")
+            status = "not measured" if met is None else ("met" if met else "NOT met")
+            add(f"| {target['target']} (`{key}` {target['rule']}) | {_fmt(target.get('value'), 3)} | {status} |")
+        add("")
     for name, model in (summary.get("models") or {}).items():
         if "spec" not in model:
             continue  # sessions only (--sessions-only): their table follows

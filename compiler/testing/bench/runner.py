@@ -194,7 +194,7 @@ def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str
 
         comfy_result = run_comfy(work, quick=quick, keep=keep, modes=comfy_modes, attention=comfy_attention)
     else:
-        comfy_result = {"run": False, "why": "--no-comfy was given"}
+        comfy_result = {"run": False, "why": "--no-comfy was given" if steady else "--sessions-only was given"}
     meta["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     meta["uptime_end"] = _uptime()
     meta["duration_s"] = round(time.time() - started, 1)

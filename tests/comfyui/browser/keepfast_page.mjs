@@ -146,6 +146,7 @@ async function background(page) {
     return badge && badge.state === "built" ? badge : null;
   }, config.watch[0], { timeout: config.compile_timeout_ms, polling: 200 }).then((h) => h.jsonValue()).catch(() => null);
   step(`built badge ${built ? "seen: " + built.text : "not seen"}`);
+  await page.waitForTimeout(500);  // the badge watcher's next round records it too
   await page.evaluate(() => clearInterval(window.kfTimer));
   await frame(page, config.watch);
   await page.screenshot({ path: path.join(config.artifacts, "node-built.png") });
