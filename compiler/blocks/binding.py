@@ -13,13 +13,18 @@ tensor objects at the same addresses); a replaced tensor (ComfyUI's LoRA
 patching swaps parameters, `module.to()` moves them) is noticed and
 re-collected, and an in-place update (fused LoRA) is seen through the
 pointers as it is.
+
+A family may bind tensors of its own beside the module's (`call_tensors`,
+quantised.py): a LoRA delta per quantised Linear, computed for the call and
+released after it (`release`), so a patched GGUF model holds one block's
+deltas at a time, as ComfyUI-GGUF's own per-call patching does.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -27,6 +32,7 @@ import torch.utils._pytree as pytree
 from ..backends.base import CompiledGraph
 from ..flat_module import MODULE_PREFIX
 from .export import empty_to_none
+from .quantised import CallTensors
 
 _BOUND = "_keepfast_block_bound"  # the runner's currently bound instance, kept on the graph
 _SERIALS = itertools.count(1)  # never reused, unlike id(): a new model must never look bound
@@ -35,12 +41,15 @@ _SERIALS = itertools.count(1)  # never reused, unlike id(): a new model must nev
 class InstanceWeights:
     """One block instance's tensors under the names a graph binds, re-checked per call."""
 
-    def __init__(self, module: torch.nn.Module):
+    def __init__(self, module: torch.nn.Module,
+                 extra: Optional[Callable[[torch.nn.Module], Optional[CallTensors]]] = None):
         self.module = module
         self.serial = next(_SERIALS)
         self._entries: List[Tuple[Dict[str, Any], str, torch.Tensor, int]] = []
         self.tensors: Dict[str, torch.Tensor] = {}
         self.version = 0
+        self.extra = extra
+        self.transient: List[str] = []  # names bound for the current call only
         self.collect()
 
     def collect(self) -> None:
@@ -67,6 +76,29 @@ class InstanceWeights:
     def check(self) -> None:
         if not self.fresh():
             self.collect()
+        if self.extra is None:
+            return
+        found = self.extra(self.module)
+        if not found:
+            return
+        tensors, transient = found
+        changed = False
+        for name, tensor in tensors.items():
+            if self.tensors.get(name) is not tensor:
+                self.tensors[name] = tensor
+                changed = True
+        if transient:
+            self.transient = list(tensors)
+        if changed:
+            self.version += 1
+
+    def release(self) -> None:
+        """Drop the tensors bound for one call only (the next call binds its own)."""
+        if self.transient:
+            for name in self.transient:
+                self.tensors.pop(name, None)
+            self.transient = []
+            self.version += 1
 
     def device_and_dtype(self) -> Tuple[Optional[torch.device], Optional[torch.dtype]]:
         for tensor in self.tensors.values():
@@ -101,7 +133,8 @@ class SharedRunner:
             chosen = {name: weights.tensors[name] for name in self._names}
         except KeyError as missing:
             raise RuntimeError(f"the block has no tensor {missing.args[0][len(MODULE_PREFIX):]}") from None
-        self._chosen[weights.serial] = (weights.version, chosen)
+        if not weights.transient:  # a per-call delta is never kept alive by the cache
+            self._chosen[weights.serial] = (weights.version, chosen)
         return chosen
 
     def run(self, weights: InstanceWeights, tensors: Sequence[torch.Tensor], rebuild) -> Any:
@@ -120,7 +153,12 @@ class SharedRunner:
                 setattr(self.graph, _BOUND, token)
                 if hasattr(self.graph, "_bound"):
                     self.graph._bound = None  # the graph's own run() must bind again
-            outputs = self._runner(inputs)
+            try:
+                outputs = self._runner(inputs)
+            finally:
+                if weights.transient:  # released: the runner's pointers to them must not be used again
+                    weights.release()
+                    setattr(self.graph, _BOUND, None)
         if isinstance(outputs, torch.Tensor):
             outputs = [outputs]
         return empty_to_none(pytree.tree_unflatten(list(outputs), self._spec))
