@@ -1,0 +1,134 @@
+"""GGUF models loaded by ComfyUI-GGUF, served by block graphs that dequantise inside (needs COMFYUI_PATH and
+KEEPFAST_GGUF_PATH, a ComfyUI-GGUF checkout; its `gguf` package installed in ComfyUI's Python).
+
+A tiny Flux (256 wide, so every block weight quantises: Q4_K packs 256
+values per block) is written as GGUF in Q8_0 and Q4_K and loaded with
+ComfyUI-GGUF's own loader functions; kf_quantised.py samples it through
+comfy.sample with and without Model Speedup: Save Graph before any image,
+a sweep of sizes, batches and prompt lengths, a LoRA through LoraLoader's
+path at two strengths and off, a `set` patch (eager per block with the
+reason), then a new process loads the saved graphs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+import kf_support as S
+
+if not S.comfyui_available():
+    pytest.skip(S.SKIP_REASON, allow_module_level=True)
+GGUF_PATH = os.environ.get("KEEPFAST_GGUF_PATH", "")
+if not (GGUF_PATH and os.path.isfile(os.path.join(GGUF_PATH, "nodes.py"))):
+    pytest.skip("KEEPFAST_GGUF_PATH is not set to a ComfyUI-GGUF checkout (github.com/city96/ComfyUI-GGUF); "
+                "the GGUF tests load models with its loader", allow_module_level=True)
+
+pytestmark = pytest.mark.comfyui
+
+CASES = [("flux", "Q8_0"), ("flux", "Q4_K")]
+# Latent after two sampling steps, relative to its scale: the graph dequantises the same bytes with the same
+# code in float32, then the same maths reordered (seen: 7e-5).
+TOLERANCE = 1e-3
+
+
+def _run(base, family: str, qtype: str, phase: str) -> dict:
+    result = subprocess.run(
+        [S.PYTHON, str(S.HERE / "kf_quantised.py"), str(S.REPO), str(base), family, qtype, phase],
+        cwd=S.COMFYUI_PATH, capture_output=True, text=True, timeout=1800,
+        env={**os.environ, "COMFYUI_PATH": S.COMFYUI_PATH, "KEEPFAST_TRUST_FILE": str(base / "trust.json")})
+    lines = [line for line in result.stdout.splitlines() if line.startswith("KEEPFAST-RESULT ")]
+    assert result.returncode == 0 and lines, result.stdout[-3000:] + result.stderr[-6000:]
+    return json.loads(lines[-1][len("KEEPFAST-RESULT "):])
+
+
+_RUNS: dict = {}
+
+
+@pytest.fixture(params=CASES, ids=[f"{family}-{qtype}" for family, qtype in CASES])
+def runs(request, tmp_path_factory):
+    """(first, restart) findings of one model in one quantisation type; run once, shared by the tests."""
+    case = request.param
+    if case not in _RUNS:
+        family, qtype = case
+        base = tmp_path_factory.mktemp(f"gguf-{family}-{qtype}")
+        (base / "models" / "graphs").mkdir(parents=True)
+        first = _run(base, family, qtype, "first")
+        restart = _run(base, family, qtype, "restart") if first.get("engine") else None
+        _RUNS[case] = (first, restart)
+    return _RUNS[case]
+
+
+def _close(row: dict) -> bool:
+    return row["finite"] and row["diff"] < TOLERANCE * max(1.0, row["scale"])
+
+
+def test_the_model_is_quantised_as_asked(runs):
+    first, _ = runs
+    assert first["weight_class"] == "GGMLTensor"
+    assert first["stored"].get(first["qtype"], 0) >= 20, first["stored"]  # every block Linear quantised
+    assert first["q4_k_roundtrip"] < 0.1  # the Q4_K encoder read back by gguf's own numpy dequantize
+
+
+def test_every_block_compiles_once_per_structure_and_quantisation_type(runs):
+    first, _ = runs
+    assert first["engine"]
+    structures = first["structures"]
+    assert [s[:2] for s in structures] == [["DoubleStreamBlock", 2], ["SingleStreamBlock", 2]], structures
+    assert first["save_events"]["compile"] == 2 and first["save_events"]["fallback"] == 0, first["save_report"]
+    report = first["report"]
+    assert report["blocks_compiled"] == report["blocks"] == 4, report
+
+
+def test_q8_and_q4_blocks_never_share_a_graph():
+    if len(_RUNS) < 2:
+        pytest.skip("needs both quantisation types run first (run the whole module)")
+    keys = {case: {s[2] for s in first["structures"]} for case, (first, _) in _RUNS.items()}
+    q8, q4 = keys[("flux", "Q8_0")], keys[("flux", "Q4_K")]
+    assert q8 and q4 and not (q8 & q4), keys
+
+
+def test_sweep_has_no_compile_and_no_fallback_and_equals_the_gguf_model(runs):
+    first, _ = runs
+    assert first["sweep_fallbacks"] == []
+    for row in first["sweep"]:
+        assert row["events"]["compile"] == 0 and row["events"]["fallback"] == 0, row
+        assert row["events"]["mismatch"] == 0 and _close(row), row
+    graph_calls, eager_calls = first["block_calls"]
+    assert graph_calls > 0 and eager_calls == 0
+
+
+def test_lora_on_gguf_at_two_strengths_and_off_needs_no_compile(runs):
+    first, _ = runs
+    assert first["lora_keys"] >= 20
+    *on, off = first["lora"]
+    assert [row["strength"] for row in on] == [1.0, 1.0, 0.5, 0.5]
+    for row in on:
+        assert row["events"]["compile"] == 0 and row["events"]["fallback"] == 0, row
+        assert row["events"]["mismatch"] == 0 and _close(row), row
+        if row["changed"] is not None:
+            assert row["changed"] > 100 * TOLERANCE, row  # the LoRA took effect
+    assert off["diff"] < TOLERANCE and off["events"]["compile"] == 0 and off["events"]["fallback"] == 0, off
+
+
+def test_a_patch_that_is_no_delta_runs_its_block_eager_with_the_reason(runs):
+    first, _ = runs
+    found = first["set_patch"]
+    assert _close(found) and found["changed"] > 100 * TOLERANCE, found
+    assert found["events"]["compile"] == 0, found
+    assert found["eager_calls"] > 0 and found["graph_calls"] == 3 * found["eager_calls"], found  # 1 of 4 blocks
+    assert any(found["block"] in reason and "'set' patch" in reason for reason in found["fallbacks"]), found
+
+
+def test_a_restart_loads_the_gguf_graphs_with_no_compile(runs):
+    first, restart = runs
+    assert restart is not None
+    assert restart["load_events"]["compile"] == 0, restart["load_report"]
+    assert restart["load_events"]["load"] == len(first["structures"]), restart["load_report"]
+    assert restart["sweep_fallbacks"] == []
+    for row in restart["sweep"]:
+        assert row["events"]["compile"] == 0 and row["events"]["fallback"] == 0, row
+        assert _close(row), row
