@@ -179,7 +179,8 @@ class GGUFWeights(StoredWeights):
                                  f"{list(torch.Tensor.size(tensor))}")
             if _quantised(layer, "weight") or _quantised(layer, "bias"):
                 parts.append(f"{path}:dequant={layer.dequant_dtype}:delta={str(self.dtype)[6:]}")
-        return "gguf;" + ";".join(parts) if parts else ""
+        plain = super().storage_key(block)  # tensor-subclass weights beside GGUF's, should a block hold both
+        return ("gguf;" + ";".join(parts) if parts else "") + (f"|{plain}" if plain else "")
 
     def why_not(self, block: torch.nn.Module) -> Optional[str]:
         for path, layer in ggml_layers(block):

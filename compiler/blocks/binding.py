@@ -32,7 +32,7 @@ import torch.utils._pytree as pytree
 from ..backends.base import CompiledGraph
 from ..flat_module import MODULE_PREFIX
 from .export import empty_to_none
-from .quantised import CallTensors
+from .quantised import CallTensors, subclass_parts
 
 _BOUND = "_keepfast_block_bound"  # the runner's currently bound instance, kept on the graph
 _SERIALS = itertools.count(1)  # never reused, unlike id(): a new model must never look bound
@@ -60,7 +60,17 @@ class InstanceWeights:
                     if tensor is None:
                         continue
                     full = MODULE_PREFIX + (f"{prefix}.{name}" if prefix else name)
-                    entries.append((store, name, tensor, tensor.data_ptr()))
+                    inner = subclass_parts(tensor)
+                    if inner is None:
+                        entries.append((store, name, tensor, tensor.data_ptr()))
+                        tensors[full] = tensor
+                        continue
+                    # a tensor subclass weight (ComfyUI's QuantizedTensor: fp8 bytes and a scale): torch.export
+                    # lifts its parts as `<module>.parametrizations.<name>.original<i>`, in flattening order
+                    entries.append((store, name, tensor, inner[0].data_ptr() if inner else 0))
+                    owner = MODULE_PREFIX + (f"{prefix}." if prefix else "")
+                    for i, part in enumerate(inner):
+                        tensors[f"{owner}parametrizations.{name}.original{i}"] = part
                     tensors[full] = tensor
         self._entries = entries
         self.tensors = tensors
@@ -69,7 +79,7 @@ class InstanceWeights:
     def fresh(self) -> bool:
         """True when every tensor is the one collected, at the same address."""
         for store, name, tensor, pointer in self._entries:
-            if store.get(name) is not tensor or tensor.data_ptr() != pointer:
+            if store.get(name) is not tensor or _pointer(tensor) != pointer:
                 return False
         return True
 
@@ -105,6 +115,13 @@ class InstanceWeights:
             if tensor.is_floating_point():
                 return tensor.device, tensor.dtype
         return None, None
+
+
+def _pointer(tensor: torch.Tensor) -> int:
+    inner = subclass_parts(tensor)
+    if inner is None:
+        return tensor.data_ptr()
+    return inner[0].data_ptr() if inner else 0
 
 
 class SharedRunner:

@@ -164,3 +164,44 @@ def load_gguf(name: str, path: str, gguf_nodes, dtype: torch.dtype = torch.float
     patcher = comfy.model_patcher.ModelPatcher(model, load_device=mm.get_torch_device(),
                                                offload_device=mm.unet_offload_device())
     return gguf_nodes.GGUFModelPatcher.clone(patcher)
+
+
+# -- fp8 scaled ---------------------------------------------------------------------------------------------
+
+def scaled_fp8_state(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """A float state dict as an fp8-scaled checkpoint: every 2-D block weight float8_e4m3fn divided by its own
+    per-tensor scale (`<layer>.scale_weight`), and the `scaled_fp8` marker (the layout ComfyUI converts with
+    `comfy.utils.convert_old_quants`)."""
+    out: Dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if name.endswith(".weight") and tensor.ndim == 2 and "blocks." in name:
+            scale = (tensor.abs().amax().float() / torch.finfo(torch.float8_e4m3fn).max).clamp(min=1e-12)
+            out[name] = (tensor.float() / scale).to(torch.float8_e4m3fn)
+            out[name[:-len("weight")] + "scale_weight"] = scale.reshape(())
+        else:
+            out[name] = tensor
+    out["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
+    return out
+
+
+def load_scaled_fp8(name: str, state: Dict[str, torch.Tensor]):
+    """What `comfy.sd.load_diffusion_model_state_dict` does with an fp8-scaled checkpoint, the tiny config given
+    in place of detection: old scale keys converted, mixed-precision ops, dtypes chosen as ComfyUI chooses."""
+    import comfy.model_management as mm
+    import comfy.model_patcher
+    import comfy.supported_models
+    import comfy.utils
+
+    sd, _metadata = comfy.utils.convert_old_quants(dict(state), "", metadata={})
+    cls, config = CONFIGS[name]
+    model_config = getattr(comfy.supported_models, cls)(dict(config))
+    model_config.quant_config = comfy.utils.detect_layer_quantization(sd, "")
+    load_device = mm.get_torch_device()
+    unet_dtype = mm.unet_dtype(model_params=comfy.utils.calculate_parameters(sd),
+                               supported_dtypes=list(model_config.supported_inference_dtypes), weight_dtype=None)
+    manual_cast = mm.unet_manual_cast(None, load_device, model_config.supported_inference_dtypes)
+    model_config.set_inference_dtype(unet_dtype, manual_cast)
+    model = model_config.get_model(sd, "")
+    model = model.to(mm.unet_offload_device())
+    model.load_model_weights(sd, "")
+    return comfy.model_patcher.ModelPatcher(model, load_device=load_device, offload_device=mm.unet_offload_device())

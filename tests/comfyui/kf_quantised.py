@@ -4,7 +4,8 @@ test_comfyui_quantised.py.
     python kf_quantised.py PACK_DIR BASE_DIR FAMILY QTYPE first|restart
 
 `first` (an empty graphs folder): the model written as GGUF (QTYPE: Q8_0,
-Q4_K) and loaded with ComfyUI-GGUF's loader; Model Speedup, then Save Graph
+Q4_K) and loaded with ComfyUI-GGUF's loader, or (QTYPE fp8_scaled) as an
+fp8-scaled checkpoint loaded as comfy.sd loads one (no GGUF); Model Speedup, then Save Graph
 before any image; a sweep of resolutions, batch sizes and prompt lengths
 sampled through comfy.sample against the same GGUF model without the node;
 then a LoRA loaded by ComfyUI's LoraLoader path (`load_lora_for_models`: on a
@@ -28,6 +29,7 @@ RANGE = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=Tr
 SWEEP = [(128, 128, 1, 7, 5), (192, 128, 2, 20, 9), (128, 256, 1, 40, 9)]
 RESTART_SWEEP = [(160, 160, 1, 11, 5), (128, 192, 2, 45, 9)]
 LORA_RANK = 4
+FP8_SCALED = "fp8_scaled"  # QTYPE for an fp8-scaled checkpoint (weights float8_e4m3fn, per-tensor scales)
 
 
 def lora_state(patcher, rank: int = LORA_RANK, seed: int = 11) -> dict:
@@ -39,7 +41,9 @@ def lora_state(patcher, rank: int = LORA_RANK, seed: int = 11) -> dict:
     state = {}
     model = patcher.model.diffusion_model
     for path, module in model.named_modules():
-        if not isinstance(module, torch.nn.Linear) or "blocks." not in path:
+        # ComfyUI's mixed-precision Linear (fp8 scaled) is no torch.nn.Linear: a Linear is what has in_features
+        if getattr(module, "in_features", None) is None or getattr(module, "weight", None) is None \
+                or "blocks." not in path:
             continue
         out_features, in_features = tuple(module.weight.shape)
         name = "lora_unet_" + path.replace(".", "_")
@@ -65,14 +69,20 @@ def main(pack: str, base: str, family_name: str, qtype: str, phase: str) -> dict
     import kf_gguf_models as G
     from compiler.testing import comfy_families as F
 
-    gguf_nodes = G.import_gguf_nodes(G.gguf_path())
+    gguf_nodes = G.import_gguf_nodes(G.gguf_path()) if qtype != FP8_SCALED else None
     registry = runtime.registry()
     out = {"family": family_name, "qtype": qtype, "phase": phase}
     path = os.path.join(base, f"{family_name}-{qtype}.gguf")
-    if phase == "first":
-        out["q4_k_roundtrip"] = G.check_q4_k()
-        out["stored"] = G.write_gguf(G.build_float(family_name, seed=0), path, qtype, family_name)
-    patcher = G.load_gguf(family_name, path, gguf_nodes)
+    if qtype == FP8_SCALED:  # the same weights in both phases (seed 0), loaded as ComfyUI's loader runs: inference mode
+        state = G.scaled_fp8_state(G.build_float(family_name, seed=0))
+        out["stored"] = {"float8_e4m3fn": sum(1 for t in state.values() if t.dtype == torch.float8_e4m3fn and t.numel())}
+        with torch.inference_mode():
+            patcher = G.load_scaled_fp8(family_name, state)
+    else:
+        if phase == "first":
+            out["q4_k_roundtrip"] = G.check_q4_k()
+            out["stored"] = G.write_gguf(G.build_float(family_name, seed=0), path, qtype, family_name)
+        patcher = G.load_gguf(family_name, path, gguf_nodes)
     family = F.TinyFamily(name=family_name, patcher=patcher, video=family_name == "wan", latent_channels=16,
                           _latent=F._latent_fn(family_name), _conditioning=F._conditioning_fn(family_name))
     diffusion_model = patcher.model.diffusion_model
@@ -107,15 +117,20 @@ def main(pack: str, base: str, family_name: str, qtype: str, phase: str) -> dict
     def reasons_since(mark: int, kind: str = "fallback") -> list:
         return [e.reason for e in registry.events[mark:] if e.kind == kind]
 
+    # ComfyUI's executor runs every node under inference mode: the loaders' weights are inference tensors, and
+    # the graphs are made (Save Graph) and loaded (Load Graph) there too.
+    inference = torch.inference_mode
     if phase == "first":
         before = counts()
-        fast = nodes["KeepFastModelSpeedup"].execute(model=patcher, **RANGE).args[0]
+        with inference():
+            fast = nodes["KeepFastModelSpeedup"].execute(model=patcher, **RANGE).args[0]
         engine = blocks.existing_engine(diffusion_model)
         out["engine"] = engine is not None
         if engine is None:
             return out
         out["structures"] = [[g.class_name, len(g.instances), g.structure] for g in engine.groups]
-        saved = nodes["KeepFastSaveGraph"].execute(name=f"{family_name}-{qtype}", model=fast).args
+        with inference():
+            saved = nodes["KeepFastSaveGraph"].execute(name=f"{family_name}-{qtype}", model=fast).args
         out["save_report"] = saved[2]
         out["save_events"] = delta(before)
         out["report"] = engine.report()
@@ -129,8 +144,9 @@ def main(pack: str, base: str, family_name: str, qtype: str, phase: str) -> dict
         plain = sample(fast, *SWEEP[0])
         rows = []
         for strength in (1.0, 0.5):
-            patched_fast = comfy.sd.load_lora_for_models(fast, None, lora, strength, 0)[0]
-            patched_ref = comfy.sd.load_lora_for_models(patcher, None, lora, strength, 0)[0]
+            with inference():  # LoraLoader
+                patched_fast = comfy.sd.load_lora_for_models(fast, None, lora, strength, 0)[0]
+                patched_ref = comfy.sd.load_lora_for_models(patcher, None, lora, strength, 0)[0]
             for call in (SWEEP[0], SWEEP[1]):
                 before, mark = counts(), len(registry.events)
                 got, want = sample(patched_fast, *call), sample(patched_ref, *call)
@@ -159,8 +175,9 @@ def main(pack: str, base: str, family_name: str, qtype: str, phase: str) -> dict
                                eager_calls=engine.eager_calls - calls[1], block=layer.rsplit(".", 2)[0])
     else:
         before = counts()
-        loaded = nodes["KeepFastLoadGraph"].execute(graph="(every stored graph that fits)", compile_if_missing=False,
-                                                    trust_graph=False, model=patcher).args
+        with inference():
+            loaded = nodes["KeepFastLoadGraph"].execute(graph="(every stored graph that fits)",
+                                                        compile_if_missing=False, trust_graph=False, model=patcher).args
         out["load_report"] = loaded[2]
         out["load_events"] = delta(before)
         mark = len(registry.events)
