@@ -163,7 +163,7 @@ def main(pack: str, base: str, family_name: str, qtype: str, phase: str) -> dict
         layer = "double_blocks.0.img_attn.proj" if family_name == "flux" else "blocks.0.self_attn.o"
         key = f"diffusion_model.{layer}.weight"
         module = diffusion_model.get_submodule(layer)
-        replacement = torch.randn(tuple(module.weight.shape), generator=torch.Generator().manual_seed(5)) * 0.05
+        replacement = torch.randn(tuple(module.weight.shape), generator=torch.Generator().manual_seed(5)) * 0.2
         set_fast, set_ref = fast.clone(), patcher.clone()
         set_fast.add_patches({key: ("set", (replacement,))}, 1.0)
         set_ref.add_patches({key: ("set", (replacement,))}, 1.0)
