@@ -50,6 +50,7 @@ class InstanceWeights:
         self.version = 0
         self.extra = extra
         self.transient: List[str] = []  # names bound for the current call only
+        self._own: Dict[str, torch.Tensor] = {}
         self.collect()
 
     def collect(self) -> None:
@@ -74,6 +75,7 @@ class InstanceWeights:
                     tensors[full] = tensor
         self._entries = entries
         self.tensors = tensors
+        self._own = dict(tensors)  # what a per-call tensor of the same name replaces for one call
         self.version += 1
 
     def fresh(self) -> bool:
@@ -106,7 +108,10 @@ class InstanceWeights:
         """Drop the tensors bound for one call only (the next call binds its own)."""
         if self.transient:
             for name in self.transient:
-                self.tensors.pop(name, None)
+                if name in self._own:
+                    self.tensors[name] = self._own[name]
+                else:
+                    self.tensors.pop(name, None)
             self.transient = []
             self.version += 1
 

@@ -205,3 +205,19 @@ def load_scaled_fp8(name: str, state: Dict[str, torch.Tensor]):
     model = model.to(mm.unet_offload_device())
     model.load_model_weights(sd, "")
     return comfy.model_patcher.ModelPatcher(model, load_device=load_device, offload_device=mm.unet_offload_device())
+
+
+def load_float(name: str, state: Dict[str, torch.Tensor]):
+    """The same tiny model unquantised (float32), as comfy.sd loads a float checkpoint: a ModelPatcher."""
+    import comfy.model_management as mm
+    import comfy.model_patcher
+    import comfy.supported_models
+
+    cls, config = CONFIGS[name]
+    model_config = getattr(comfy.supported_models, cls)(dict(config))
+    model_config.set_inference_dtype(torch.float32, None)
+    model = model_config.get_model(state, "")
+    model = model.to(mm.unet_offload_device())
+    model.load_model_weights(dict(state), "")
+    return comfy.model_patcher.ModelPatcher(model, load_device=mm.get_torch_device(),
+                                            offload_device=mm.unet_offload_device())

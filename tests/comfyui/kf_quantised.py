@@ -12,8 +12,10 @@ then a LoRA loaded by ComfyUI's LoraLoader path (`load_lora_for_models`: on a
 GGUF model ComfyUI-GGUF hangs it on the quantised weights and applies it per
 call) at two strengths and off; then a `set` patch, which is no weight delta
 (those blocks eager, with the reason). `restart` (a new process, the graphs
-folder `first` wrote, the same file): Load Graph, then a sweep. Prints one
-JSON object of findings after "KEEPFAST-RESULT ".
+folder `first` wrote, the same file): Load Graph, then a sweep. `lowvram`
+(QTYPE float32): the unquantised model partly loaded by ComfyUI's own
+partial unloading with a LoRA, see `low_vram`. Prints one JSON object of
+findings after "KEEPFAST-RESULT ".
 """
 
 from __future__ import annotations
@@ -69,9 +71,11 @@ def main(pack: str, base: str, family_name: str, qtype: str, phase: str) -> dict
     import kf_gguf_models as G
     from compiler.testing import comfy_families as F
 
+    out = {"family": family_name, "qtype": qtype, "phase": phase}
+    if phase == "lowvram":
+        return low_vram(nodes, runtime, blocks, G, F, family_name, out)
     gguf_nodes = G.import_gguf_nodes(G.gguf_path()) if qtype != FP8_SCALED else None
     registry = runtime.registry()
-    out = {"family": family_name, "qtype": qtype, "phase": phase}
     path = os.path.join(base, f"{family_name}-{qtype}.gguf")
     if qtype == FP8_SCALED:  # the same weights in both phases (seed 0), loaded as ComfyUI's loader runs: inference mode
         state = G.scaled_fp8_state(G.build_float(family_name, seed=0))
@@ -183,6 +187,68 @@ def main(pack: str, base: str, family_name: str, qtype: str, phase: str) -> dict
         mark = len(registry.events)
         out["sweep"] = compare(loaded[0], patcher, RESTART_SWEEP)
         out["sweep_fallbacks"] = reasons_since(mark)
+    out["counts"] = counts()
+    return out
+
+
+def low_vram(nodes, runtime, blocks, G, F, family_name: str, out: dict) -> dict:
+    """ComfyUI's own partial loading on the unquantised model with a LoRA: blocks low-VRAM mode patches per call.
+
+    On a CPU ComfyUI never loads a model partly (`load_models_gpu` sets VRAMState.DISABLED, so every sample
+    loads it whole again), so the sampler cannot be used: the LoRA'd patcher is loaded by load_models_gpu and
+    then partly unloaded by its own `partially_unload`, which puts the stored weights back and sets
+    LowVramPatch weight functions, as when memory runs out on a GPU. The diffusion model is then called
+    directly at two sizes with its blocks served (the node's scope) and eager, and without the LoRA.
+    """
+    import comfy.model_management as mm
+    import comfy.sd
+    import torch
+
+    from compiler.blocks.tokens import Dims
+
+    registry = runtime.registry()
+
+    def counts() -> dict:
+        return {k: registry.log.counts.get(k, 0) for k in ("compile", "load", "fallback", "refused", "mismatch")}
+
+    patcher = G.load_float(family_name, G.build_float(family_name, seed=0))
+    with torch.inference_mode():
+        fast = nodes["KeepFastModelSpeedup"].execute(model=patcher, **RANGE).args[0]
+        nodes["KeepFastSaveGraph"].execute(name=f"{family_name}-float", model=fast)
+    model = patcher.model.diffusion_model
+    engine = blocks.existing_engine(model)
+    out["report"] = engine.report()
+    lora = lora_state(patcher)
+    rows, first_want = [], None
+    for strength in (1.0, 0.5):
+        with torch.inference_mode():
+            patched = comfy.sd.load_lora_for_models(fast, None, lora, strength, 0)[0]
+            mm.load_models_gpu([patched])
+            patched.partially_unload(patched.offload_device, memory_to_free=1 << 40)
+        lowvram_layers = sum(1 for m in model.modules() if getattr(m, "weight_function", None))
+        for dims in (Dims(batch=1, height=16, width=16, text=7), Dims(batch=2, height=24, width=16, text=20)):
+            args, kwargs = engine.family.example_call(model, dims)
+            before, mark = counts(), len(registry.events)
+            calls = (engine.graph_calls, engine.eager_calls)
+            with torch.inference_mode():
+                with engine.serving():
+                    got = model(*args, **kwargs)
+                with engine.eager_scope():
+                    want = model(*args, **kwargs)
+            now = counts()
+            first_want = want if first_want is None else first_want
+            rows.append({"strength": strength, "dims": dims.describe(), "lowvram_layers": lowvram_layers,
+                         "diff": float((got - want).abs().max()), "scale": float(want.abs().max()),
+                         "finite": bool(torch.isfinite(got).all()), "events": {k: now[k] - before[k] for k in now},
+                         "graph_calls": engine.graph_calls - calls[0], "eager_calls": engine.eager_calls - calls[1],
+                         "fallbacks": [e.reason for e in registry.events[mark:] if e.kind == "fallback"]})
+        with torch.inference_mode():
+            mm.unload_all_models()
+    args, kwargs = engine.family.example_call(model, Dims(batch=1, height=16, width=16, text=7))
+    with torch.inference_mode(), engine.eager_scope():
+        plain = model(*args, **kwargs)
+    out["changed_by_lora"] = float((first_want - plain).abs().max())
+    out["lowvram"] = rows
     out["counts"] = counts()
     return out
 

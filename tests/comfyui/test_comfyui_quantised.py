@@ -8,7 +8,10 @@ as comfy.sd loads one (the fp8 case needs no ComfyUI-GGUF); kf_quantised.py samp
 comfy.sample with and without Model Speedup: Save Graph before any image,
 a sweep of sizes, batches and prompt lengths, a LoRA through LoraLoader's
 path at two strengths and off, a `set` patch (eager per block with the
-reason), then a new process loads the saved graphs.
+reason), then a new process loads the saved graphs. And the unquantised tiny
+Flux with a LoRA, partly unloaded by ComfyUI's own `partially_unload` (on a
+CPU ComfyUI never loads a model partly during sampling): the blocks low-VRAM
+mode patches per call are served by their graphs.
 """
 
 from __future__ import annotations
@@ -153,3 +156,23 @@ def test_a_restart_loads_the_gguf_graphs_with_no_compile(runs):
     for row in restart["sweep"]:
         assert row["events"]["compile"] == 0 and row["events"]["fallback"] == 0, row
         assert _close(row), row
+
+
+@pytest.fixture(scope="module")
+def low_vram(tmp_path_factory):
+    base = tmp_path_factory.mktemp("lowvram-flux")
+    (base / "models" / "graphs").mkdir(parents=True)
+    return _run(base, "flux", "float32", "lowvram")
+
+
+def test_low_vram_lora_patched_per_call_is_served_by_the_graphs(low_vram):
+    """ComfyUI's partial unloading sets LowVramPatch on every block Linear of the LoRA'd model; each call binds
+    the weights patched as ComfyUI patches them: every block from its graph, 0 compiles, equal to eager."""
+    rows = low_vram["lowvram"]
+    assert [row["strength"] for row in rows] == [1.0, 1.0, 0.5, 0.5]
+    for row in rows:
+        assert row["lowvram_layers"] >= 20, row  # ComfyUI's own mechanics patched them per call
+        assert row["events"]["compile"] == 0 and row["events"]["fallback"] == 0, row
+        assert row["graph_calls"] == low_vram["report"]["blocks"] and row["eager_calls"] == 0, row
+        assert row["finite"] and row["diff"] < TOLERANCE * max(1.0, row["scale"]), row
+    assert low_vram["changed_by_lora"] > 100 * TOLERANCE  # the per-call LoRA took effect
