@@ -1,7 +1,7 @@
 """A tiny model written as GGUF, loaded by ComfyUI-GGUF, through the nodes in ComfyUI's Python; run by
 test_comfyui_quantised.py.
 
-    python kf_quantised.py PACK_DIR BASE_DIR FAMILY QTYPE first|restart
+    python kf_quantised.py PACK_DIR BASE_DIR FAMILY QTYPE[:COMPUTE_DTYPE] first|restart|lowvram
 
 `first` (an empty graphs folder): the model written as GGUF (QTYPE: Q8_0,
 Q4_K) and loaded with ComfyUI-GGUF's loader, or (QTYPE fp8_scaled) as an
@@ -72,6 +72,8 @@ def main(pack: str, base: str, family_name: str, qtype: str, phase: str) -> dict
     from compiler.testing import comfy_families as F
 
     out = {"family": family_name, "qtype": qtype, "phase": phase}
+    qtype, _, compute = qtype.partition(":")  # "Q4_K:bfloat16": the model computes in bfloat16 (a GPU's usual)
+    dtype = getattr(torch, compute or "float32")
     if phase == "lowvram":
         return low_vram(nodes, runtime, blocks, G, F, family_name, out)
     gguf_nodes = G.import_gguf_nodes(G.gguf_path()) if qtype != FP8_SCALED else None
@@ -86,7 +88,7 @@ def main(pack: str, base: str, family_name: str, qtype: str, phase: str) -> dict
         if phase == "first":
             out["q4_k_roundtrip"] = G.check_q4_k()
             out["stored"] = G.write_gguf(G.build_float(family_name, seed=0), path, qtype, family_name)
-        patcher = G.load_gguf(family_name, path, gguf_nodes)
+        patcher = G.load_gguf(family_name, path, gguf_nodes, dtype=dtype)
     family = F.TinyFamily(name=family_name, patcher=patcher, video=family_name == "wan", latent_channels=16,
                           _latent=F._latent_fn(family_name), _conditioning=F._conditioning_fn(family_name))
     diffusion_model = patcher.model.diffusion_model

@@ -36,14 +36,16 @@ if not HAVE_GGUF:
 pytestmark = pytest.mark.comfyui
 
 FP8 = "fp8_scaled"
-GGUF_CASES = [("flux", "Q8_0"), ("flux", "Q4_K"), ("wan", "Q8_0"), ("wan", "Q4_K")]
+GGUF_CASES = [("flux", "Q8_0"), ("flux", "Q4_K"), ("wan", "Q8_0"), ("wan", "Q4_K"), ("flux", "Q4_K:bfloat16")]
 STRUCTURES = {"flux": [["DoubleStreamBlock", 2], ["SingleStreamBlock", 2]], "wan": [["WanAttentionBlock", 2]]}
 CASES = [pytest.param(case, marks=pytest.mark.skipif(not HAVE_GGUF, reason=NO_GGUF)) for case in GGUF_CASES] + \
     [("flux", FP8)]
-IDS = [f"{family}-{qtype}" for family, qtype in GGUF_CASES + [("flux", FP8)]]
-# Latent after two sampling steps, relative to its scale: the graph dequantises the same bytes with the same
-# code in float32, then the same maths reordered (seen: 7e-5).
+IDS = [f"{family}-{qtype.replace(':', '-')}" for family, qtype in GGUF_CASES + [("flux", FP8)]]
+# Latent after two sampling steps, relative to its scale (at least 1): the graph dequantises the same bytes with
+# the same code, then the same maths reordered (float32, seen: 2e-5 to 1e-4); in bfloat16 what rounding the
+# model's output to 8 bits gives (seen: 5.5e-3; test_comfyui_families.py allows bfloat16 the same 2e-2).
 TOLERANCE = 1e-3
+TOLERANCES = {"float32": TOLERANCE, "bfloat16": 2e-2}
 
 
 def _run(base, family: str, qtype: str, phase: str) -> dict:
@@ -73,8 +75,9 @@ def runs(request, tmp_path_factory):
     return _RUNS[case]
 
 
-def _close(row: dict) -> bool:
-    return row["finite"] and row["diff"] < TOLERANCE * max(1.0, row["scale"])
+def _close(row: dict, qtype: str = "") -> bool:
+    tolerance = TOLERANCES[qtype.partition(":")[2] or "float32"]
+    return row["finite"] and row["diff"] < tolerance * max(1.0, row["scale"])
 
 
 def test_the_model_is_quantised_as_asked(runs):
@@ -84,7 +87,7 @@ def test_the_model_is_quantised_as_asked(runs):
         assert first["stored"]["float8_e4m3fn"] >= 20, first["stored"]
         return
     assert first["weight_class"] == "GGMLTensor"
-    assert first["stored"].get(first["qtype"], 0) >= 20, first["stored"]  # every block Linear quantised
+    assert first["stored"].get(first["qtype"].partition(":")[0], 0) >= 20, first["stored"]  # every block Linear quantised
     assert first["q4_k_roundtrip"] < 0.1  # the Q4_K encoder read back by gguf's own numpy dequantize
 
 
@@ -115,7 +118,7 @@ def test_sweep_has_no_compile_and_no_fallback_and_equals_the_gguf_model(runs):
     assert first["sweep_fallbacks"] == []
     for row in first["sweep"]:
         assert row["events"]["compile"] == 0 and row["events"]["fallback"] == 0, row
-        assert row["events"]["mismatch"] == 0 and _close(row), row
+        assert row["events"]["mismatch"] == 0 and _close(row, first["qtype"]), row
     graph_calls, eager_calls = first["block_calls"]
     assert graph_calls > 0 and eager_calls == 0
 
@@ -127,20 +130,21 @@ def test_lora_on_gguf_at_two_strengths_and_off_needs_no_compile(runs):
     assert [row["strength"] for row in on] == [1.0, 1.0, 0.5, 0.5]
     for row in on:
         assert row["events"]["compile"] == 0 and row["events"]["fallback"] == 0, row
-        assert row["events"]["mismatch"] == 0 and _close(row), row
+        assert row["events"]["mismatch"] == 0 and _close(row, first["qtype"]), row
         if row["changed"] is not None:
             assert row["changed"] > 100 * TOLERANCE, row  # the LoRA took effect
-    assert off["diff"] < TOLERANCE and off["events"]["compile"] == 0 and off["events"]["fallback"] == 0, off
+    assert off["diff"] == 0.0 and off["events"]["compile"] == 0 and off["events"]["fallback"] == 0, off
 
 
 def test_a_patch_that_is_no_delta_runs_its_block_eager_with_the_reason(runs):
     first, _ = runs
     found = first["set_patch"]
+    assert _close(found, first["qtype"]), found
     if first["qtype"] == FP8:  # ComfyUI applies it when it loads the weights (requantised): the graph binds them
         assert _close(found) and found["changed"] > 100 * TOLERANCE, found
         assert found["events"]["compile"] == 0 and found["eager_calls"] == 0 and found["graph_calls"] > 0, found
         return
-    assert _close(found) and found["changed"] > 100 * TOLERANCE, found
+    assert found["changed"] > 100 * TOLERANCE, found
     assert found["events"]["compile"] == 0, found
     others = first["report"]["blocks"] - 1  # the patched block eager, every other block from its graph
     assert found["eager_calls"] > 0 and found["graph_calls"] == others * found["eager_calls"], found
@@ -155,7 +159,7 @@ def test_a_restart_loads_the_gguf_graphs_with_no_compile(runs):
     assert restart["sweep_fallbacks"] == []
     for row in restart["sweep"]:
         assert row["events"]["compile"] == 0 and row["events"]["fallback"] == 0, row
-        assert _close(row), row
+        assert _close(row, restart["qtype"]), row
 
 
 @pytest.fixture(scope="module")
