@@ -16,8 +16,8 @@ with the real `transformer_options`. Inside a block only attention reads
 `transformer_options`: a graph computes ComfyUI's own `attention_pytorch`
 (one graph for every size), and a block call carrying an attention override
 of its own runs eager with that reason, alone. So does a block whose weights
-ComfyUI patches on the fly (low-VRAM mode, LoRA applied per call) or keeps on
-another device (offloaded): the rest of the model stays compiled.
+ComfyUI patches on the fly with a function the pack does not know, or keeps
+on another device (offloaded): the rest of the model stays compiled.
 
 GGUF models loaded by ComfyUI-GGUF serve from graphs that dequantise inside
 (nodes/gguf.py): the family's `stored_weights` hands the engine the GGUF
