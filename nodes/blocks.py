@@ -16,8 +16,14 @@ with the real `transformer_options`. Inside a block only attention reads
 `transformer_options`: a graph computes ComfyUI's own `attention_pytorch`
 (one graph for every size), and a block call carrying an attention override
 of its own runs eager with that reason, alone. So does a block whose weights
-ComfyUI patches on the fly (low-VRAM mode, LoRA applied per call) or keeps on
-another device (offloaded): the rest of the model stays compiled.
+ComfyUI patches on the fly with a function the pack does not know, or keeps
+on another device (offloaded): the rest of the model stays compiled.
+
+GGUF models loaded by ComfyUI-GGUF serve from graphs that dequantise inside
+(nodes/gguf.py): the family's `stored_weights` hands the engine the GGUF
+forms of a block, whose quantisation types join its structure key. A block
+low-VRAM mode patches per call with ComfyUI's LowVramPatch is served with
+the patched weights bound for the call (nodes/lowvram.py).
 """
 
 from __future__ import annotations
@@ -32,9 +38,12 @@ import torch
 
 from ..compiler.blocks import BlockEngine, BlockFamily, BlockInstance, BlockOptions, Dims, Geometry
 from ..compiler.blocks.family import generator_for, model_dtype_device
+from ..compiler.blocks.quantised import PLAIN, CallTensors, StoredWeights
 from ..compiler.shapes import ShapeRange
 from .attention import graph_attention
 from .attention import graph_attention_options as _graph_attention_options
+from .gguf import GGUFWeights, is_ggml_layer
+from .lowvram import PATCHED_ON_THE_FLY, LowVramWeights
 from .sizes import latent_range
 
 
@@ -99,13 +108,32 @@ class ComfyFamily(BlockFamily):
     geometry = Geometry(patch=2)  # 2x2 latent pixels per token: every image family here
     spatial_multiple = 2
     inputs_dtype: Optional[torch.dtype] = None  # set per model by engine_for (`input_dtype`)
+    # ComfyUI-GGUF marks the layer holding the file's largest tensor (`largest_layer`, for its memory estimate):
+    # the block computes the same, so it must not make that block a structure of its own.
+    ignored_settings = frozenset({"largest_layer"})
+    gguf: Optional[GGUFWeights] = None  # set per model by for_model
+    lowvram: Optional[LowVramWeights] = None  # set per model by for_model
 
     def for_model(self, model: torch.nn.Module, dtype: Optional[torch.dtype]) -> "ComfyFamily":
         """This family for one model whose sampler sends `dtype` inputs (the shared instance stays as is)."""
         own = copy.copy(self)
         own.inputs_dtype = dtype
         own.geometry = self.model_geometry(model)
+        own.gguf = GGUFWeights(dtype) if any(is_ggml_layer(m) for m in model.modules()) else None
+        own.lowvram = LowVramWeights(dtype)
         return own
+
+    def call_tensors(self, module: torch.nn.Module) -> Optional[CallTensors]:
+        """GGUF's per-call deltas and low-VRAM mode's per-call patched weights (nodes/lowvram.py), together."""
+        found = [c for c in (super().call_tensors(module),
+                             self.lowvram.call_tensors(module) if self.lowvram is not None else None) if c]
+        if len(found) < 2:
+            return found[0] if found else None
+        return {**found[0][0], **found[1][0]}, found[0][1] or found[1][1]
+
+    def stored_weights(self, block: torch.nn.Module) -> StoredWeights:
+        """ComfyUI-GGUF's forms where the model was loaded by it (nodes/gguf.py), else plain weights."""
+        return self.gguf if self.gguf is not None else PLAIN
 
     def model_geometry(self, model: torch.nn.Module) -> Geometry:
         """How this model's latents become tokens (a model's config may change the family's default)."""
@@ -310,7 +338,7 @@ class Lumina2Family(ComfyFamily):
     name = "lumina2"
     model_classes = ("NextDiT",)
     block_classes = ("JointTransformerBlock",)
-    ignored_settings = frozenset({"layer_id"})  # stored by every block, read by none
+    ignored_settings = ComfyFamily.ignored_settings | {"layer_id"}  # stored by every block, read by none
     split_stacks = True  # noise_refiner (image tokens) and layers (image and text tokens): one class, two ranges
 
     def inputs(self, model, dims, randn, dtype, device):
@@ -386,10 +414,15 @@ class BlockPolicy:
             return (f"its transformer_options carry an attention override "
                     f"({getattr(override, '__qualname__', type(override).__name__)}), which runs Python inside the "
                     "block")
-        for sub in self._castable(instance):
-            if sub.weight_function or sub.bias_function:
-                return ("its weights are patched on the fly (the model is only partly loaded: low-VRAM mode "
-                        "applies LoRA per call)")
+        family = instance.server.engine.family
+        lowvram = getattr(family, "lowvram", None)
+        if any(sub.weight_function or sub.bias_function for sub in self._castable(instance)):
+            reason = lowvram.reason(instance.module) if lowvram is not None else PATCHED_ON_THE_FLY
+            if reason:
+                return reason
+        gguf = getattr(family, "gguf", None)
+        if gguf is not None:
+            return gguf.patch_reason(instance.module)
         return None
 
 

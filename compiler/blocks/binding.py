@@ -13,13 +13,18 @@ tensor objects at the same addresses); a replaced tensor (ComfyUI's LoRA
 patching swaps parameters, `module.to()` moves them) is noticed and
 re-collected, and an in-place update (fused LoRA) is seen through the
 pointers as it is.
+
+A family may bind tensors of its own beside the module's (`call_tensors`,
+quantised.py): a LoRA delta per quantised Linear, computed for the call and
+released after it (`release`), so a patched GGUF model holds one block's
+deltas at a time, as ComfyUI-GGUF's own per-call patching does.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -27,6 +32,7 @@ import torch.utils._pytree as pytree
 from ..backends.base import CompiledGraph
 from ..flat_module import MODULE_PREFIX
 from .export import empty_to_none
+from .quantised import CallTensors, subclass_parts
 
 _BOUND = "_keepfast_block_bound"  # the runner's currently bound instance, kept on the graph
 _SERIALS = itertools.count(1)  # never reused, unlike id(): a new model must never look bound
@@ -35,12 +41,16 @@ _SERIALS = itertools.count(1)  # never reused, unlike id(): a new model must nev
 class InstanceWeights:
     """One block instance's tensors under the names a graph binds, re-checked per call."""
 
-    def __init__(self, module: torch.nn.Module):
+    def __init__(self, module: torch.nn.Module,
+                 extra: Optional[Callable[[torch.nn.Module], Optional[CallTensors]]] = None):
         self.module = module
         self.serial = next(_SERIALS)
         self._entries: List[Tuple[Dict[str, Any], str, torch.Tensor, int]] = []
         self.tensors: Dict[str, torch.Tensor] = {}
         self.version = 0
+        self.extra = extra
+        self.transient: List[str] = []  # names bound for the current call only
+        self._own: Dict[str, torch.Tensor] = {}
         self.collect()
 
     def collect(self) -> None:
@@ -51,28 +61,72 @@ class InstanceWeights:
                     if tensor is None:
                         continue
                     full = MODULE_PREFIX + (f"{prefix}.{name}" if prefix else name)
-                    entries.append((store, name, tensor, tensor.data_ptr()))
+                    inner = subclass_parts(tensor)
+                    if inner is None:
+                        entries.append((store, name, tensor, tensor.data_ptr()))
+                        tensors[full] = tensor
+                        continue
+                    # a tensor subclass weight (ComfyUI's QuantizedTensor: fp8 bytes and a scale): torch.export
+                    # lifts its parts as `<module>.parametrizations.<name>.original<i>`, in flattening order
+                    entries.append((store, name, tensor, inner[0].data_ptr() if inner else 0))
+                    owner = MODULE_PREFIX + (f"{prefix}." if prefix else "")
+                    for i, part in enumerate(inner):
+                        tensors[f"{owner}parametrizations.{name}.original{i}"] = part
                     tensors[full] = tensor
         self._entries = entries
         self.tensors = tensors
+        self._own = dict(tensors)  # what a per-call tensor of the same name replaces for one call
         self.version += 1
 
     def fresh(self) -> bool:
         """True when every tensor is the one collected, at the same address."""
         for store, name, tensor, pointer in self._entries:
-            if store.get(name) is not tensor or tensor.data_ptr() != pointer:
+            if store.get(name) is not tensor or _pointer(tensor) != pointer:
                 return False
         return True
 
     def check(self) -> None:
         if not self.fresh():
             self.collect()
+        if self.extra is None:
+            return
+        found = self.extra(self.module)
+        if not found:
+            return
+        tensors, transient = found
+        changed = False
+        for name, tensor in tensors.items():
+            if self.tensors.get(name) is not tensor:
+                self.tensors[name] = tensor
+                changed = True
+        if transient:
+            self.transient = list(tensors)
+        if changed:
+            self.version += 1
+
+    def release(self) -> None:
+        """Drop the tensors bound for one call only (the next call binds its own)."""
+        if self.transient:
+            for name in self.transient:
+                if name in self._own:
+                    self.tensors[name] = self._own[name]
+                else:
+                    self.tensors.pop(name, None)
+            self.transient = []
+            self.version += 1
 
     def device_and_dtype(self) -> Tuple[Optional[torch.device], Optional[torch.dtype]]:
         for tensor in self.tensors.values():
             if tensor.is_floating_point():
                 return tensor.device, tensor.dtype
         return None, None
+
+
+def _pointer(tensor: torch.Tensor) -> int:
+    inner = subclass_parts(tensor)
+    if inner is None:
+        return tensor.data_ptr()
+    return inner[0].data_ptr() if inner else 0
 
 
 class SharedRunner:
@@ -101,7 +155,8 @@ class SharedRunner:
             chosen = {name: weights.tensors[name] for name in self._names}
         except KeyError as missing:
             raise RuntimeError(f"the block has no tensor {missing.args[0][len(MODULE_PREFIX):]}") from None
-        self._chosen[weights.serial] = (weights.version, chosen)
+        if not weights.transient:  # a per-call delta is never kept alive by the cache
+            self._chosen[weights.serial] = (weights.version, chosen)
         return chosen
 
     def run(self, weights: InstanceWeights, tensors: Sequence[torch.Tensor], rebuild) -> Any:
@@ -120,7 +175,12 @@ class SharedRunner:
                 setattr(self.graph, _BOUND, token)
                 if hasattr(self.graph, "_bound"):
                     self.graph._bound = None  # the graph's own run() must bind again
-            outputs = self._runner(inputs)
+            try:
+                outputs = self._runner(inputs)
+            finally:
+                if weights.transient:  # released: the runner's pointers to them must not be used again
+                    weights.release()
+                    setattr(self.graph, _BOUND, None)
         if isinstance(outputs, torch.Tensor):
             outputs = [outputs]
         return empty_to_none(pytree.tree_unflatten(list(outputs), self._spec))

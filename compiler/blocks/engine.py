@@ -115,7 +115,8 @@ class BlockEngine:
         self.forward_fn = forward_fn or self._model_forward
         self.label = self.options.label or architecture_name(model)
         self.architecture = architecture_name(model)
-        self.groups = find_blocks(model, family.block_classes, family.ignored_settings, family.split_stacks)
+        self.groups = find_blocks(model, family.block_classes, family.ignored_settings, family.split_stacks,
+                                  storage_key=family.storage_key)
         self.servers: List[BlockServer] = []
         index = 0
         for group in self.groups:

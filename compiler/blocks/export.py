@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
 
@@ -90,8 +90,14 @@ class TracedBlock:
 
 
 def trace_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: GraphKey,
-                forward: Callable = _own_forward) -> TracedBlock:
-    """Export one block over its bounds (in the caller's process: it reads the module); CompileFailed says why not."""
+                forward: Callable = _own_forward,
+                tracing: Callable[[torch.nn.Module], ContextManager] = lambda module: contextlib.nullcontext()
+                ) -> TracedBlock:
+    """Export one block over its bounds (in the caller's process: it reads the module); CompileFailed says why not.
+
+    `tracing(module)` is entered around torch.export only (the family's stored-weight forms, quantised.py):
+    checks that run the block eagerly afterwards see it as ComfyUI left it.
+    """
     from torch.export import Dim
 
     def traced(block, *args, **kwargs):
@@ -100,12 +106,17 @@ def trace_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: Gr
     flat = FlatForward(module, traced, call)
     dynamic = [{d: Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in b.items()} for b in bounds]
     try:
-        with _trace_settings(), torch.no_grad():
+        with _trace_settings(), torch.no_grad(), tracing(module):
             program = torch.export.export(flat, (list(call.tensors),), dynamic_shapes=(dynamic,), strict=False)
     except Exception as error:  # export failures are many and varied
         raise CompileFailed(f"torch.export failed: {type(error).__name__}: {_first_line(error)}") from error
     if flat.out_spec is None:
         raise CompileFailed("the block's output structure was not seen while tracing")
+    try:
+        inline_code_constants(program)
+    except Exception as error:  # the package would then ask for them as weights: say so here
+        raise CompileFailed(f"the tensors the block's code creates cannot be built into the graph: "
+                            f"{type(error).__name__}: {_first_line(error)}") from error
     try:
         guards = _guards_from(program, call)
     except CompileFailed:
@@ -153,7 +164,9 @@ def package_block(traced: TracedBlock, built: Tuple[bytes, List[str], dict],
 def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: GraphKey,
                  progress: Progress = lambda stage, fraction: None,
                  check_unit_sizes: Optional["UnitCheck"] = None,
-                 forward: Callable = _own_forward) -> Tuple[AotGraph, List[str]]:
+                 forward: Callable = _own_forward,
+                 tracing: Callable[[torch.nn.Module], ContextManager] = lambda module: contextlib.nullcontext()
+                 ) -> Tuple[AotGraph, List[str]]:
     """Export and package one block: (graph, notes); CompileFailed says why not.
 
     `check_unit_sizes(candidate, guards)` is asked whether the graph also
@@ -161,10 +174,10 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
     has those guards widened to 1. None means yes and the candidate is
     returned; a reason keeps the traced guards (size 1 then runs eager) and
     becomes a note. `forward(module, *args, **kwargs)` is what is traced
-    (the family's `block_forward`).
+    (the family's `block_forward`), with `tracing(module)` entered around the trace.
     """
     progress("tracing with torch.export", 0.05)
-    traced = trace_block(module, call, bounds, key, forward)
+    traced = trace_block(module, call, bounds, key, forward, tracing)
     progress("compiling with AOTInductor", 0.3)
     with third_party_quiet():
         built = build_package(traced.program, progress)
@@ -195,6 +208,68 @@ class BlockBuild:
 
     def cancel(self) -> None:
         self.build.cancel()
+
+
+# -- tensors the block's code creates ---------------------------------------------------
+
+CODE_CONSTANT_LIMIT = 256  # elements; larger tensors made by code stay constants (and fail to bind, with the name)
+
+
+def inline_code_constants(program: Any) -> int:
+    """Tensors the traced code made (`torch.tensor([0, 4])` in ComfyUI-GGUF's dequantisation), rebuilt by ops.
+
+    torch.export lifts such tensors as constants beside the weights; packages
+    leave every constant out (weights are bound per call), so the graph would
+    ask for them at bind time under a name no module has (measured: "the block
+    has no tensor _tensor_constant0"). They are code, not a checkpoint's
+    values, so each small one becomes `arange` (an arithmetic progression) or
+    a `cat` of `full`s, reshaped. Returns how many were rebuilt.
+    """
+    from torch.export.graph_signature import InputKind
+
+    graph = program.graph_module.graph
+    specs = program.graph_signature.input_specs
+    placeholders = {node.name: node for node in graph.nodes if node.op == "placeholder"}
+    first_op = next((node for node in graph.nodes if node.op != "placeholder"), None)
+    kept, rebuilt = [], 0
+    for spec in specs:
+        value = program.constants.get(spec.target) if spec.kind == InputKind.CONSTANT_TENSOR else None
+        if (value is None or not isinstance(value, torch.Tensor) or value.numel() > CODE_CONSTANT_LIMIT
+                or value.numel() == 0 or value.is_complex() or first_op is None):
+            kept.append(spec)
+            continue
+        node = placeholders[spec.arg.name]
+        with graph.inserting_before(first_op):
+            made = _ops_making(graph, value)
+        made.meta.update(node.meta)
+        node.replace_all_uses_with(made)
+        graph.erase_node(node)
+        del program.constants[spec.target]
+        rebuilt += 1
+    if rebuilt:
+        specs[:] = kept
+        graph.lint()
+        program.graph_module.recompile()
+    return rebuilt
+
+
+def _ops_making(graph: Any, value: torch.Tensor) -> Any:
+    """FX nodes computing `value` from Python numbers only."""
+    aten = torch.ops.aten
+    flat = value.detach().cpu().reshape(-1)
+    items = flat.tolist()
+    options = {"dtype": value.dtype, "device": value.device}
+    steps = {b - a for a, b in zip(items, items[1:])}
+    if len(items) > 1 and len(steps) == 1 and not value.is_floating_point() and value.dtype != torch.bool \
+            and next(iter(steps)) != 0:
+        step = next(iter(steps))
+        node = graph.call_function(aten.arange.start_step, (items[0], items[0] + step * len(items), step), options)
+    else:
+        parts = [graph.call_function(aten.full.default, ([1], item), options) for item in items]
+        node = parts[0] if len(parts) == 1 else graph.call_function(aten.cat.default, (parts,))
+    if tuple(value.shape) != (len(items),):
+        node = graph.call_function(aten.view.default, (node, list(value.shape)))
+    return node
 
 
 # -- sizes of 1 -------------------------------------------------------------------

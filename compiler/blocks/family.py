@@ -12,11 +12,12 @@ ComfyUI).
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, ContextManager, Optional, Sequence, Tuple
 
 import torch
 
 from ..structure import module_device, module_dtype
+from .quantised import PLAIN, CallTensors, StoredWeights
 from .tokens import Dims, Geometry
 
 
@@ -36,7 +37,23 @@ class BlockFamily:
 
     def why_not_compiled(self, block: torch.nn.Module) -> Optional[str]:
         """Why this block structure cannot be served by a graph, said before trying; None: try it."""
-        return None
+        return self.stored_weights(block).why_not(block)
+
+    # -- weights stored in a form the block converts per call (quantised.py) -----------------
+    def stored_weights(self, block: torch.nn.Module) -> StoredWeights:
+        """Who knows this block's stored weight forms (quantised checkpoints); the plain one by default."""
+        return PLAIN
+
+    def storage_key(self, block: torch.nn.Module) -> str:
+        return self.stored_weights(block).storage_key(block)
+
+    def tracing(self, block: torch.nn.Module) -> ContextManager:
+        """Entered around tracing `block` (its stored weights traced as the graph needs them)."""
+        return self.stored_weights(block).tracing(block)
+
+    def call_tensors(self, module: torch.nn.Module) -> Optional[CallTensors]:
+        """Tensors bound for this call of `module` besides its own (per-call LoRA deltas), or None."""
+        return self.stored_weights(module).call_tensors(module)
 
     def block_inputs(self, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
         """A block call's inputs without bookkeeping a graph does not take (ComfyUI's

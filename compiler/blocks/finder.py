@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..structure import structure_hash
+from .quantised import structure_key
 
 
 @dataclass
@@ -75,7 +76,8 @@ def _stacks(model: torch.nn.Module, classes: Optional[Sequence[str]]) -> Iterabl
 
 
 def find_blocks(model: torch.nn.Module, classes: Optional[Sequence[str]] = None,
-                ignored_settings: frozenset = frozenset(), split_stacks: bool = False) -> List[BlockGroup]:
+                ignored_settings: frozenset = frozenset(), split_stacks: bool = False,
+                storage_key: Optional[Callable[[torch.nn.Module], str]] = None) -> List[BlockGroup]:
     """The model's repeated blocks grouped by structure, in the order they appear.
 
     `classes` limits blocks to those class names (diffusers' `_repeated_blocks`);
@@ -85,6 +87,8 @@ def find_blocks(model: torch.nn.Module, classes: Optional[Sequence[str]] = None,
     `split_stacks` keeps blocks of one structure in different stacks apart:
     Lumina 2 runs the same block class on image tokens (`noise_refiner`) and
     on image and text tokens (`layers`), whose token ranges differ.
+    `storage_key(block)` describes weights stored in a form the graph converts
+    (GGUF quantisation types): blocks stored differently never share a structure.
     """
     if classes is None:
         declared = getattr(model, "_repeated_blocks", None)
@@ -104,7 +108,8 @@ def find_blocks(model: torch.nn.Module, classes: Optional[Sequence[str]] = None,
             path = f"{list_path}.{index}" if list_path else str(index)
             key = id(child)
             if key not in hashes:
-                hashes[key] = structure_hash(child, ignored_settings)
+                storage = storage_key(child) if storage_key is not None else ""
+                hashes[key] = structure_key(structure_hash(child, ignored_settings), storage)
             structure = hashes[key]
             where = (structure, list_path if split_stacks else None)
             group = groups.get(where)

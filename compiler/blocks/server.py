@@ -193,7 +193,7 @@ class BlockServer:
         self.roles = roles
         self.call_template = call
         module = self.group.modules[0]
-        weights = InstanceWeights(module)
+        weights = InstanceWeights(module, self.engine.family.call_tensors)
         device, dtype = weights.device_and_dtype()
         self._device, self._dtype = device, dtype
         options = self.engine.options
@@ -267,7 +267,7 @@ class BlockServer:
                 graph, notes = self.engine.exporter(
                     self.group.modules[0], call, bounds, key, progress,
                     check_unit_sizes=lambda candidate, units: self._check_unit_sizes(candidate, units, call),
-                    forward=self.engine.family.block_forward)
+                    forward=self.engine.family.block_forward, tracing=self.engine.family.tracing)
             except Exception as error:  # whatever export or AOTInductor raises: this block runs eager
                 text = str(error) if isinstance(error, CompileFailed) else f"{type(error).__name__}: {error}"
                 reason = f"compile failed: {text}"
@@ -292,7 +292,8 @@ class BlockServer:
         try:
             with third_party_quiet():
                 self.pending = BlockBuild(trace_block(self.group.modules[0], call, bounds, key,
-                                                      forward=self.engine.family.block_forward),
+                                                      forward=self.engine.family.block_forward,
+                                                      tracing=self.engine.family.tracing),
                                           BuildLabel(owner=self.engine.label, what=f"block {self.group.class_name}",
                                                      family=family.id, owner_id=f"{self.engine.label}@{id(self.engine):x}"))
         except BuildInProcess as why:
@@ -421,13 +422,13 @@ class BlockServer:
         return None
 
     def _compare(self, graph: CompiledGraph, instance: BlockInstance, call: FlatCall, tensors):
-        from .export import empty_to_none
-
         args, kwargs = call.rebuild([t.contiguous() for t in tensors])
         flat = FlatCall(args, kwargs, role_policy=lambda path, tensor: self.roles.get(path, {}))
         if graph.why_not(flat) is not None:
             return None
-        output = empty_to_none(graph.run(instance.module, flat))
+        # bound as a served call binds (the family's per-call tensors included), not by the module's own tensors
+        weights = InstanceWeights(instance.module, self.engine.family.call_tensors)
+        output = SharedRunner(graph).run(weights, flat.tensors, call.rebuild)
         return compare(output, instance.eager(args, kwargs))
 
     def _corner_notes(self, graph: CompiledGraph, call: FlatCall) -> List[str]:
@@ -488,7 +489,7 @@ class BlockServer:
     def _weights_for(self, instance: BlockInstance) -> Tuple[Optional[InstanceWeights], Optional[str]]:
         weights = instance.weights
         if weights is None:
-            weights = instance.weights = InstanceWeights(instance.module)
+            weights = instance.weights = InstanceWeights(instance.module, self.engine.family.call_tensors)
         weights.check()
         if instance.checked_version != weights.version:
             device, dtype = weights.device_and_dtype()

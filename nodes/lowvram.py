@@ -1,0 +1,89 @@
+"""Blocks ComfyUI patches per call in low-VRAM mode, served by their graph with the patched weights bound.
+
+When ComfyUI loads a model partly (low-VRAM mode), a layer it did not load
+gets `weight_function = [LowVramPatch(key, patches)]`: every call casts the
+weight to the compute dtype, copies it, and applies the LoRA with
+`calculate_weight` (comfy/ops.py `cast_bias_weight`). The block's graph
+computes with whatever weight is bound, so the same is done here before the
+call: the patched weight, computed exactly as ComfyUI computes it, is bound
+in place of the stored one for that call only and released after it
+(`compiler/blocks/quantised.py`, `call_tensors`). One graph, 0 compiles, at
+any LoRA strength.
+
+Eager, with the reason: a weight function that is not ComfyUI's LowVramPatch
+(Python the pack does not know), and a patched weight stored in another dtype
+than the model computes in (fp8 weights computing in bfloat16, an fp8-scaled
+QuantizedTensor): the graph binds stored weights and casts them itself, and a
+patched weight in the compute dtype is another graph input.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, List, Optional, Tuple
+
+import torch
+
+from ..compiler.blocks.quantised import CallTensors, subclass_parts
+from ..compiler.environment import dtype_name
+from ..compiler.flat_module import MODULE_PREFIX
+
+PATCHED_ON_THE_FLY = ("its weights are patched on the fly (the model is only partly loaded: low-VRAM mode "
+                      "applies LoRA per call)")
+
+
+def is_low_vram_patch(function: Any) -> bool:
+    """ComfyUI's `comfy.model_patcher.LowVramPatch` (duck-typed: a key and the patcher's patch dict)."""
+    return type(function).__name__ == "LowVramPatch" and hasattr(function, "patches") and hasattr(function, "key")
+
+
+def _functions(layer: torch.nn.Module) -> List[Tuple[str, list]]:
+    return [(name, list(getattr(layer, f"{name}_function", None) or ())) for name in ("weight", "bias")]
+
+
+class LowVramWeights:
+    """Per-call patched weights of a model's low-VRAM layers; `dtype` is what the model computes in."""
+
+    def __init__(self, dtype: Optional[torch.dtype]):
+        self.dtype = dtype
+        self._layers: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
+
+    def layers(self, module: torch.nn.Module) -> List[Tuple[str, torch.nn.Module]]:
+        """ComfyUI's castable layers in `module` (they carry weight_function), found once per module."""
+        found = self._layers.get(module)
+        if found is None:
+            found = self._layers[module] = [(path, sub) for path, sub in module.named_modules()
+                                            if hasattr(sub, "weight_function")]
+        return found
+
+    def reason(self, module: torch.nn.Module) -> Optional[str]:
+        """Why this call's per-call weight patches cannot be bound, or None (none, or all bindable)."""
+        for path, layer in self.layers(module):
+            for name, functions in _functions(layer):
+                if not functions:
+                    continue
+                if not all(is_low_vram_patch(f) for f in functions):
+                    return PATCHED_ON_THE_FLY
+                stored = layer._parameters.get(name)
+                if stored is None:
+                    continue
+                if subclass_parts(stored) is not None:
+                    return (f"low-VRAM mode patches {path}.{name} per call, which is stored as a "
+                            f"{type(stored).__name__} (the graph binds its stored parts, not a patched weight)")
+                if self.dtype is not None and stored.dtype != self.dtype:
+                    return (f"low-VRAM mode patches {path}.{name} per call, stored as {dtype_name(stored.dtype)} "
+                            f"and computed in {dtype_name(self.dtype)} (the graph casts stored weights itself)")
+        return None
+
+    def call_tensors(self, module: torch.nn.Module) -> Optional[CallTensors]:
+        """The patched weights for this call, under the names the graph binds the stored ones by."""
+        tensors = {}
+        for path, layer in self.layers(module):
+            for name, functions in _functions(layer):
+                if not functions or layer._parameters.get(name) is None:
+                    continue
+                value = layer._parameters[name].to(dtype=self.dtype or layer._parameters[name].dtype, copy=True)
+                for function in functions:  # as comfy.ops.cast_bias_weight applies them
+                    value = function(value)
+                tensors[MODULE_PREFIX + (f"{path}." if path else "") + name] = value
+        return (tensors, True) if tensors else None
