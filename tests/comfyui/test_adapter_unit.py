@@ -242,8 +242,14 @@ _blocks = pack_module(PACK, "nodes.blocks")
 
 
 class _Instance:
+    """A block instance as the policy reads it: its module, and its server's engine's family (a family with no
+    low-VRAM or GGUF support here: a patched weight is one the pack does not know)."""
+
     def __init__(self, module):
+        import types
+
         self.module = module
+        self.server = types.SimpleNamespace(engine=types.SimpleNamespace(family=types.SimpleNamespace()))
 
 
 class _CastLinear(torch.nn.Linear):
