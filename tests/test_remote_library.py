@@ -7,7 +7,6 @@ the other test files). The S3 API tests are in tests/test_remote_s3.py.
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from compiler.remote import (  # noqa: E402
 )
 from compiler.remote.signing import PublicKey  # noqa: E402
 from tests.support.remote_graphs import (  # noqa: E402
-    builder_folder, cli_start, layout, other_build, pipeline_folder,
+    builder_folder, cli_start, layout, other_build, pipeline_folder, race_creates,
 )
 
 
@@ -219,17 +218,7 @@ def test_push_refuses_a_graph_that_does_not_verify_and_uploads_nothing_for_it(sa
 def test_create_only_writes_let_exactly_one_writer_win(tmp_path):
     for url in (str(tmp_path / "shared"), _memory_url()):
         remote = RemoteLibrary.open(url, writable=True)
-        wins = []
-
-        def write(index):
-            if remote.create("Model-abc/graph.json", f"writer {index}".encode() * 1000):
-                wins.append(index)
-
-        threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        wins = race_creates(remote)
         assert len(wins) == 1, url
         assert remote.read("Model-abc/graph.json") == f"writer {wins[0]}".encode() * 1000
     assert layout(tmp_path / "shared") == ["Model-abc/graph.json"]  # no temp file left

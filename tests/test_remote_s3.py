@@ -28,7 +28,7 @@ from compiler.remote import PullStatus, PushStatus, RemoteLibrary, generate_key,
 from compiler.remote.signing import PublicKey  # noqa: E402
 from compiler.testing.bench.fresh_machine import FreshMachine  # noqa: E402
 from tests.support.remote_graphs import (  # noqa: E402
-    ROOT, builder_folder, cli, cli_start, layout, other_build, pipeline_folder,
+    ROOT, builder_folder, cli, cli_start, layout, other_build, pipeline_folder, race_creates,
 )
 from tests.support.s3_server import S3Server  # noqa: E402
 
@@ -169,20 +169,8 @@ def test_two_builders_pushing_to_s3_at_once_leave_one_complete_graph_each(saved_
 
 
 def test_conditional_puts_on_s3_let_exactly_one_writer_win(s3, s3_env):
-    import threading
-
     remote = RemoteLibrary.open(f"s3://{BUCKET}/race", writable=True)
-    wins = []
-
-    def write(index):
-        if remote.create("Model-abc/graph.json", f"writer {index}".encode() * 1000):
-            wins.append(index)
-
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    wins = race_creates(remote)
     assert len(wins) == 1
     assert remote.read("Model-abc/graph.json") == f"writer {wins[0]}".encode() * 1000
     assert [name for name in s3.objects(BUCKET) if name.startswith("race/")] == ["race/Model-abc/graph.json"]

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import sys
 import time
 
-from kf_inprocess import load_pack  # noqa: E402  (this script's folder is on sys.path)
+from kf_inprocess import comfy_with_pack  # noqa: E402  (this script's folder is on sys.path)
 
 SETTINGS = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, save_compiled=False,
                 backend="aot", max_frames=17)  # `build` left at its default: in the background
@@ -27,17 +26,11 @@ CALLS = [(128, 128, 1, 7, 5), (192, 128, 2, 20, 5), (128, 192, 1, 40, 5)]  # wid
 
 
 def main(pack: str, base: str, family_name: str) -> dict:
-    sys.path.insert(0, os.environ["COMFYUI_PATH"])
-    import comfy.cli_args
-
-    comfy.cli_args.args.cpu = True
-    comfy.cli_args.args.base_directory = base
+    name, nodes = comfy_with_pack(pack, base)
     import torch
 
-    name, nodes = load_pack(pack)
     runtime = sys.modules[name + ".nodes.runtime"]
     builds = sys.modules[name + ".compiler.backends.package_builds"]
-    sys.path.insert(0, pack)
     from compiler.testing import comfy_families as F
 
     registry = runtime.registry()

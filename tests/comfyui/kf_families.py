@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-from kf_inprocess import BLOCKING_BUILD, load_pack  # noqa: E402  (this script's folder is on sys.path)
+from kf_inprocess import BLOCKING_BUILD, comfy_with_pack  # noqa: E402  (this script's folder is on sys.path)
 
 RANGE = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, save_compiled=False,
              backend="aot", max_frames=17, build=BLOCKING_BUILD)
@@ -30,17 +30,11 @@ RESTART_SWEEP = [(160, 160, 1, 11, 5), (128, 192, 2, 45, 9)]
 
 
 def main(pack: str, base: str, family_name: str, phase: str, dtype: str = "float32") -> dict:
-    sys.path.insert(0, os.environ["COMFYUI_PATH"])
-    import comfy.cli_args
-
-    comfy.cli_args.args.cpu = True
-    comfy.cli_args.args.base_directory = base
+    name, nodes = comfy_with_pack(pack, base)
     import torch
 
-    name, nodes = load_pack(pack)
     runtime = sys.modules[name + ".nodes.runtime"]
     blocks = sys.modules[name + ".nodes.blocks"]
-    sys.path.insert(0, pack)
     from compiler.testing import comfy_families as F
 
     registry = runtime.registry()

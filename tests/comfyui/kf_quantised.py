@@ -24,7 +24,7 @@ import json
 import os
 import sys
 
-from kf_inprocess import load_pack  # noqa: E402  (this script's folder is on sys.path)
+from kf_inprocess import comfy_with_pack  # noqa: E402  (this script's folder is on sys.path)
 
 RANGE = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, save_compiled=False,
              backend="aot", max_frames=17)
@@ -56,17 +56,11 @@ def lora_state(patcher, rank: int = LORA_RANK, seed: int = 11) -> dict:
 
 
 def main(pack: str, base: str, family_name: str, qtype: str, phase: str) -> dict:
-    sys.path.insert(0, os.environ["COMFYUI_PATH"])
-    import comfy.cli_args
-
-    comfy.cli_args.args.cpu = True
-    comfy.cli_args.args.base_directory = base
+    name, nodes = comfy_with_pack(pack, base)
     import torch
 
-    name, nodes = load_pack(pack)
     runtime = sys.modules[name + ".nodes.runtime"]
     blocks = sys.modules[name + ".nodes.blocks"]
-    sys.path.insert(0, pack)
     import comfy.sd
     import kf_gguf_models as G
     from compiler.testing import comfy_families as F

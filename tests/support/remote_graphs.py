@@ -110,3 +110,21 @@ def pipeline_folder(pipe, target: Path) -> Path:
     for name in ("unet", "vae"):
         getattr(pipe, name).save_config(str(target / name))
     return target
+
+
+def race_creates(remote, name: str = "Model-abc/graph.json", writers: int = 8) -> List[int]:
+    """`writers` threads create `name` at once (each its own bytes): the indexes of those whose create won."""
+    import threading
+
+    wins: List[int] = []
+
+    def write(index: int) -> None:
+        if remote.create(name, f"writer {index}".encode() * 1000):
+            wins.append(index)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return wins
