@@ -288,7 +288,7 @@ def save(model, vae, name: str, report: Report):
 def _prepare_blocks(runner: unet.UnetRunner, engine: BlockEngine, report: Report, force: bool = False) -> None:
     """Find, load or compile every block structure's graph now (no image needed)."""
     started = time.perf_counter()
-    runner.prepare_blocks(engine, force=force)
+    runner.prepare_blocks(engine, force=force, ahead_of_time=True)  # Save, Load, Warmup: graphs, not images
     for server in engine.servers:
         line = server.status() if not server.ready else f"{server.status()} {server.graph.key.id}"
         report.add(f"{server.group.describe()}: {line}")

@@ -161,7 +161,7 @@ class UnetRunner:
         return blocks.engine_for(module, self.block_options(family, module), runtime.registry(),
                                  dtype=blocks.input_dtype(self.base_model))
 
-    def prepare_blocks(self, engine: BlockEngine, force: bool = False) -> List[str]:
+    def prepare_blocks(self, engine: BlockEngine, force: bool = False, ahead_of_time: bool = False) -> List[str]:
         """Block graphs found, loaded or compiled now (`force`: look in the graphs folders again), with
         ComfyUI's progress bar (block k of n)."""
         bar = progress_bar(100)
@@ -170,7 +170,7 @@ class UnetRunner:
             if bar is not None:
                 bar.update_absolute(int(100 * fraction), 100)
 
-        return engine.prepare(progress, force=force)
+        return engine.prepare(progress, force=force, ahead_of_time=ahead_of_time)
 
     # -- wrappers -------------------------------------------------------------
     def apply_model_wrapper(self, executor, *args, **kwargs):

@@ -125,6 +125,7 @@ class BlockEngine:
         self.exporter = export_block  # replaceable (tests: a block whose export raises)
         self.block_filter: Optional[BlockFilter] = None
         self.compile_failures: Dict[str, str] = {}
+        self.ahead_of_time = False  # inside prepare(ahead_of_time=True): no background builds
         # Background builds started for this model's blocks: a model dropped (ComfyUI unloading it) stops
         # them, as nothing would take them in. The finalizer holds their stoppers only, not the engine.
         self.builds: List[Callable[[], None]] = []
@@ -278,15 +279,18 @@ class BlockEngine:
         return instance.eager(args, kwargs)
 
     # -- preparing ----------------------------------------------------------------
-    def prepare(self, progress: Optional[Progress] = None, force: bool = False) -> List[str]:
+    def prepare(self, progress: Optional[Progress] = None, force: bool = False,
+                ahead_of_time: bool = False) -> List[str]:
         """Make every block structure ready (registry, store or compile); returns each one's status.
 
-        Never raises for a model problem: whatever fails leaves those blocks
+        `ahead_of_time` (Save, Load, Warmup: asked for graphs, not images): compile now even with background
+        builds on. Never raises for a model problem: whatever fails leaves those blocks
         eager with the reason in `report()` and the registry's fallbacks.
         """
         with self._lock:
             if self.prepared and not force:
                 return [s.status() for s in self.servers]
+            self.ahead_of_time = ahead_of_time
             try:
                 self._prepare(progress)
             except Exception as error:  # never let preparing break the model's call
@@ -295,6 +299,8 @@ class BlockEngine:
                 for server in self.servers:
                     if server.reason:
                         server.reason = self.problem
+            finally:
+                self.ahead_of_time = False
             self.prepared = True
             self.last_status = self.describe()
             return [s.status() for s in self.servers]
@@ -379,7 +385,7 @@ class BlockEngine:
     def save(self, store: GraphStore) -> Tuple[List[str], List[str]]:
         """Prepare if needed, then write every block graph into `store`: (saved, problems)."""
         if not self.prepared:
-            self.prepare()
+            self.prepare(ahead_of_time=True)
         self.wait_for_builds()
         saved, problems = [], []
         for server in self.servers:
@@ -395,7 +401,7 @@ class BlockEngine:
 
     def load(self, progress: Optional[Progress] = None) -> Tuple[List[str], List[str]]:
         """Prepare now from the graph store (compiling what it lacks, if allowed): (loaded or ready, problems)."""
-        self.prepare(progress, force=True)
+        self.prepare(progress, force=True, ahead_of_time=True)
         self.wait_for_builds()
         ready, problems = [], []
         for server in self.servers:
@@ -407,6 +413,6 @@ class BlockEngine:
 
     def warmup(self, calls=(), progress: Optional[Progress] = None) -> List[str]:
         """Block graphs serve every size in the range once prepared; `calls` are not needed."""
-        self.prepare(progress)
+        self.prepare(progress, ahead_of_time=True)
         self.wait_for_builds()
         return [s.status() for s in self.servers]

@@ -258,7 +258,7 @@ class BlockServer:
             if refused:
                 self.engine.compile_failures[family.id] = f"not compiled: {refused}"
                 return None, f"not compiled: {refused}"
-            if options.background:
+            if options.background and not self.engine.ahead_of_time:
                 building = self._build_in_background(call, bounds, key)
                 if building is not None:
                     return None, building
