@@ -58,12 +58,13 @@ class BuildProgress:
 
 def _finish_times(views: List[BuildView], slots: int) -> List[Optional[float]]:
     """Seconds from now until each build ends, by the queue's rules (None where no estimate exists)."""
+    times = build_times.measured()
     free: List[float] = []
     ends: List[Optional[float]] = []
     unknown = False
     for view in views:
         if view.state == BUILDING:
-            usual = build_times.estimate(view.label.times_key)
+            usual = build_times.estimate(view.label.times_key, times)
             unknown |= usual is None
             left = 0.0 if usual is None else max(usual - view.running_s, 1.0)
             free.append(left)
@@ -76,7 +77,7 @@ def _finish_times(views: List[BuildView], slots: int) -> List[Optional[float]]:
     for index, view in enumerate(views):
         if view.state != WAITING:
             continue
-        usual = build_times.estimate(view.label.times_key)
+        usual = build_times.estimate(view.label.times_key, times)
         start = heapq.heappop(free)
         end = start + (usual or 0.0)
         heapq.heappush(free, end)

@@ -58,10 +58,16 @@ def record(kind: str, seconds: float) -> None:
             pass  # an estimate lost, nothing else
 
 
-def estimate(kind: str) -> Optional[float]:
+def measured() -> Dict[str, List[float]]:
+    """Every kind's recent build times here (read once per status update, not once per build)."""
+    return _read(times_path())
+
+
+def estimate(kind: str, data: Optional[Dict[str, List[float]]] = None) -> Optional[float]:
     """Seconds a build of `kind` takes here: the mean of its recent builds, else of the recent builds of every
-    kind (a first block structure is about as long as another), else None (never built here)."""
-    data = _read(times_path())
+    kind (a first block structure is about as long as another), else None (never built here). `data`: what
+    `measured()` read, for several estimates from one read."""
+    data = measured() if data is None else data
     if data.get(kind):
         return mean(data[kind])
     latest = [seconds[-1] for seconds in data.values() if seconds]
