@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from . import build_claims
 from .backends import DEFAULT_BACKEND, BackendUnavailable, CompiledGraph, CompileFailed, get_backend
 from .backends.base import (BuildInProcess, BuildLabel, CannotServe, CompileDeferred, GraphMismatch, GuardsUnknown,
                             PendingGraph, Progress, range_failure)
@@ -44,6 +45,8 @@ from .structure import architecture_name, module_device, module_dtype, structure
 from .verify import Snapshot, judge, retired_reason, snapshot
 
 log = logging.getLogger("keepfast")
+
+RECHECK_S = 1.0  # while another process builds a graph: how often calls look in the store again
 
 
 @dataclass
@@ -99,6 +102,7 @@ class _Building:
     family: FamilyKey
     call: FlatCall
     reason: str
+    claim: Optional[build_claims.Claim] = None  # held until its graph is written (build_claims.py)
 
 
 def _stop_each(stoppers: Dict[str, Callable[[], None]]) -> None:
@@ -136,6 +140,8 @@ class CompiledForward:
         self._compile_failed: Dict[str, str] = {}  # family id -> why; not retried in this process
         self._declared: Dict[str, set] = {}  # family id -> input shapes a warmup asked graphs for
         self._building: Dict[str, _Building] = {}  # family id -> its graph's background build
+        # family id -> (when to look again, why): another process builds its graph for the shared store
+        self._elsewhere: Dict[str, Tuple[float, str]] = {}
         # A model dropped (ComfyUI unloading it, a workflow with another checkpoint) stops its builds: nothing
         # would take them in. The finalizer holds their stoppers only (a build holds the module, which holds us).
         self._stoppers: Dict[str, Callable[[], None]] = {}
@@ -372,6 +378,9 @@ class CompiledForward:
                 graph, why = self.registry.find(family, call)
             if graph is not None:
                 return graph, None
+            elsewhere = self._elsewhere.get(family.id)
+            if elsewhere is not None and not self._blocking and time.monotonic() < elsewhere[0]:
+                return None, f"not compiled now: {elsewhere[1]}"
             with stage("loading a stored graph"):
                 graph, reason = self._load(family, call)
             if graph is None:
@@ -418,23 +427,75 @@ class CompiledForward:
             reason = why
         else:
             reason = "first call for this model, dtype and input structure"
+        claim, graph = self._claim(family, call, progress)
+        if graph is not None:
+            return graph, None
         if options.background and not self._blocking:
-            return self._build_in_background(backend, family, call, reason)
-        graph, error = self._compile(backend, family, call, reason, progress)
-        if graph is None:
-            self._compile_failed[family.id] = error
-            return None, error
-        if options.cover_range and not backend.static_shapes:
-            self._cover(backend, family, call, progress)
-        return graph, None
+            return self._build_in_background(backend, family, call, reason, claim)
+        try:
+            graph, error = self._compile(backend, family, call, reason, progress)
+            if graph is None:
+                self._compile_failed[family.id] = error
+                return None, error
+            if options.cover_range and not backend.static_shapes:
+                self._cover(backend, family, call, progress)
+            return graph, None
+        finally:
+            build_claims.release(claim)
+
+    # -- claims on a shared graphs folder (build_claims.py) --------------------
+    def _claim(self, family: FamilyKey, call: FlatCall,
+               progress: Optional[Progress]) -> Tuple[Optional[build_claims.Claim], Optional[CompiledGraph]]:
+        """Claim the family's build in the store this graph will be written to: (claim or None, None), or
+        (None, graph) when another process's build of it was waited for and is now in the store.
+
+        Background builds do not wait: CompileDeferred, and the call runs eager with the holder named; the
+        store is looked at again from the call RECHECK_S later on. Nothing is claimed when the graph will
+        not be written (no store, or autosave off): nobody else could load it."""
+        store = self.options.store
+        if store is None or not self.options.autosave:
+            return None, None
+        path = store.claim_path(family)
+        if self.options.background and not self._blocking:
+            result = build_claims.try_claim(path)
+            if isinstance(result, build_claims.Taken):
+                reason = result.reason()
+                if family.id not in self._elsewhere:
+                    log.info("%s: %s", self.label, reason)
+                self._elsewhere[family.id] = (time.monotonic() + RECHECK_S, reason)
+                raise CompileDeferred(reason)
+            self._elsewhere.pop(family.id, None)
+            return result, None
+
+        def waiting(taken: build_claims.Taken) -> None:
+            log.info("%s: waiting: %s", self.label, taken.reason())
+            self.registry.record(PROGRESS, family, f"{self.label}: waiting: {taken.reason()}",
+                                 detail={"fraction": 0.0})
+            if progress:
+                progress(f"waiting for {taken.holder.describe()}, which builds this graph", 0.0)
+
+        waited = []
+        result = build_claims.claim_or_wait(path, on_wait=lambda taken: (waited.append(taken), waiting(taken)))
+        if waited:
+            graph, _ = self._load(family, call)
+            if graph is not None:
+                build_claims.release(result)
+                return None, graph
+        if isinstance(result, build_claims.Taken):
+            log.warning("%s: still %s after %.0f s; building it here too", self.label,
+                        result.reason(), build_claims.wait_seconds())
+            return None, None
+        return result, None
 
     # -- background builds ---------------------------------------------------
-    def _build_in_background(self, backend, family: FamilyKey, call: FlatCall, reason: str):
+    def _build_in_background(self, backend, family: FamilyKey, call: FlatCall, reason: str,
+                             claim: Optional[build_claims.Claim] = None):
         """Start the family's build in a child process and run this call eager (CompileDeferred: not settled,
         a later call finds the graph once it lands). A backend that cannot build off the caller's process
         compiles now, as without the option."""
         building = self._building.get(family.id)
         if building is not None:
+            build_claims.release(claim)
             raise CompileDeferred(f"its graph is building in the background ({building.pending.seconds:.0f} s so far)")
         key = GraphKey(family, self.options.shape_range)
         log.info("%s: building in the background (%s)", self.label, reason)
@@ -444,16 +505,20 @@ class CompiledForward:
                     owner=self.label, what=self.label, family=family.id, owner_id=f"{self.label}@{id(self):x}"))
         except (BackendUnavailable, BuildInProcess) as why:
             log.info("%s: building in this process: %s", self.label, why)
-            graph, error = self._compile(backend, family, call, reason, None)
+            try:
+                graph, error = self._compile(backend, family, call, reason, None)
+            finally:
+                build_claims.release(claim)
             if graph is None:
                 self._compile_failed[family.id] = error
             return graph, error
         except Exception as error:  # noqa: BLE001 - tracing failed: as a failed compile
+            build_claims.release(claim)
             failure = f"compile failed: {error}" if isinstance(error, CompileFailed) else \
                 f"compile failed: {type(error).__name__}: {error}"
             self._compile_failed[family.id] = failure
             return None, failure
-        self._building[family.id] = _Building(pending, family, call, reason)
+        self._building[family.id] = _Building(pending, family, call, reason, claim)
         self._stoppers[family.id] = pending.stopper
         self.registry.record(PROGRESS, family, f"{self.label}: building in the background ({reason})",
                              detail={"fraction": 0.0, "background": True})
@@ -470,21 +535,24 @@ class CompiledForward:
             self._stoppers.pop(family_id, None)
             family = building.family
             try:
-                with stage("taking in a graph built in the background"), third_party_quiet():
-                    graph = building.pending.finish(self.module)
-            except Exception as error:  # noqa: BLE001 - the boundary: a failed build costs speed only
-                why = f"compile failed: {error}" if isinstance(error, CompileFailed) else \
-                    f"compile failed: {type(error).__name__}: {error}"
-                self._compile_failed[family_id] = why
-                log.warning("%s: the background build failed: %s", self.label, why)
-                continue
-            self.registry.add(graph)
-            self.registry.record(COMPILE, family, f"{self.label}: {building.reason} (built in the background)",
-                                 seconds=building.pending.seconds, graph_id=graph.key.id,
-                                 detail={"shapes": [list(s) for s in building.call.shapes], "background": True,
-                                         **building.pending.usage})
-            if self.options.autosave and self.options.store is not None and graph.persistent:
-                self.save_graph(graph, building.call)
+                try:
+                    with stage("taking in a graph built in the background"), third_party_quiet():
+                        graph = building.pending.finish(self.module)
+                except Exception as error:  # noqa: BLE001 - the boundary: a failed build costs speed only
+                    why = f"compile failed: {error}" if isinstance(error, CompileFailed) else \
+                        f"compile failed: {type(error).__name__}: {error}"
+                    self._compile_failed[family_id] = why
+                    log.warning("%s: the background build failed: %s", self.label, why)
+                    continue
+                self.registry.add(graph)
+                self.registry.record(COMPILE, family, f"{self.label}: {building.reason} (built in the background)",
+                                     seconds=building.pending.seconds, graph_id=graph.key.id,
+                                     detail={"shapes": [list(s) for s in building.call.shapes], "background": True,
+                                             **building.pending.usage})
+                if self.options.autosave and self.options.store is not None and graph.persistent:
+                    self.save_graph(graph, building.call)
+            finally:  # written (or failed): others sharing the store may look now
+                build_claims.release(building.claim)
             landed += 1
         return landed
 
@@ -503,6 +571,7 @@ class CompiledForward:
         self._stoppers.clear()
         for entry in building.values():
             entry.pending.cancel()
+            build_claims.release(entry.claim)
         return len(building)
 
     @property

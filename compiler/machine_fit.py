@@ -127,6 +127,13 @@ def _vec_isa():
         return None
 
 
+def _arch_flags(vec) -> Optional[str]:
+    try:
+        return str(vec.build_arch_flags())
+    except Exception:
+        return None
+
+
 @functools.lru_cache(maxsize=None)
 def _compiler_accepts(march: str) -> bool:
     try:
@@ -164,11 +171,31 @@ def build_march() -> Optional[str]:
     return None
 
 
-def needs_of_package(metadata: Dict[str, str], march: Optional[str] = None, built_here: bool = False) -> Dict[str, Any]:
+def build_probe() -> Dict[str, Any]:
+    """What a package build here is built for: {"march": build_march(), "vec_isa": Inductor's vector ISA,
+    "vec_flags": its compiler flags}.
+
+    Inductor's ISA probe compiles and runs a test program per ISA (seconds,
+    tens of seconds on a busy CPU), so a background build runs this in its
+    build process (this file is loaded there by path: it imports the standard
+    library only at the top) and hands the result back: the caller that traced
+    the graph never waits for the probe, and reads the package's needs with
+    `needs_of_package(..., vec=(vec_isa, vec_flags))`.
+    """
+    march = build_march()
+    vec = _vec_isa()
+    return {"march": march, "vec_isa": str(vec) if vec is not None else None,
+            "vec_flags": _arch_flags(vec) if vec is not None else None}
+
+
+def needs_of_package(metadata: Dict[str, str], march: Optional[str] = None, built_here: bool = False,
+                     vec: Optional[tuple] = None) -> Dict[str, Any]:
     """What a package needs, from its own metadata (AOTI_*) and how it was built.
 
     `built_here`: called in the process that built it, so the vector ISA's
     exact flags and, for a -march=native build, this CPU's flags are known.
+    `vec`: (ISA name, its compiler flags) as the build process found them
+    (`build_probe`); without it Inductor's probe runs here.
     Without it (a package whose manifest has no needs) only the vector ISA
     named in the package is required.
     """
@@ -176,12 +203,11 @@ def needs_of_package(metadata: Dict[str, str], march: Optional[str] = None, buil
     features = set(_features_of_isa(isa))
     if built_here:
         march = march or _inductor_march() or "native"
-        vec = _vec_isa()
-        if vec is not None and str(vec).upper() == isa.upper():
-            try:
-                features = set(_features_of_gcc_flags(vec.build_arch_flags()))
-            except Exception:
-                pass
+        if vec is None:
+            probed = _vec_isa()
+            vec = (str(probed), _arch_flags(probed)) if probed is not None else None
+        if vec is not None and vec[0].upper() == isa.upper() and vec[1] is not None:
+            features = set(_features_of_gcc_flags(vec[1]))
         if march in X86_LEVELS:
             features |= X86_LEVELS[march]
         elif march == "x86-64" or march.startswith("armv"):  # the baseline, or Arm's named extensions

@@ -78,6 +78,11 @@ class GraphStore:
     def folder_for(self, family: FamilyKey) -> Path:
         return self.root / _clean_folder_name(family.architecture, family.structure)
 
+    def claim_path(self, family: FamilyKey) -> Path:
+        """The hidden file a process locks while it builds a graph of `family` for this store
+        (compiler/build_claims.py): one builder per family among the processes sharing the folder."""
+        return self.folder_for(family) / f".building-{family.id}.lock"
+
     def resolve(self, name: str) -> Path:
         """A user-given graph name or file, confined to this store."""
         parts = name.replace("\\", "/").strip("/").split("/")

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from compiler import CompileOptions, ShapeRange, build_status
+from compiler import CompileOptions, ShapeRange, build_status, machine_fit
 from compiler.backends import package_builds
 from compiler.diffusers_api import compile_module
 from compiler.extraction import run_folder
@@ -60,9 +60,13 @@ def slowed():
         twin = copy.deepcopy(unet)
         registry = GraphRegistry()
         forward = compile_module(unet, CompileOptions(shape_range=RANGE, background=True), registry)
+        probes = []  # Inductor's CPU probe (compiles test programs) runs in the build process, not here
+        probe = machine_fit._vec_isa
+        monkeypatch.setattr(machine_fit, "_vec_isa", lambda: probes.append(1) or probe())
         difference = _served(unet, twin, 1, 16)
         state = dict(difference=difference, pending=forward.builds_pending, live=package_builds.live_builds(),
-                     reason=forward.last.reason, eager=forward.last.eager, compiles=len(registry.compiles))
+                     reason=forward.last.reason, eager=forward.last.eager, compiles=len(registry.compiles),
+                     probes=len(probes))
         difference = _served(unet, twin, 2, 8, 20)  # while building: eager, no second build
         state.update(second_difference=difference, second_live=package_builds.live_builds(),
                      second_reason=forward.last.reason)
@@ -73,7 +77,7 @@ def slowed():
 def test_the_first_call_returns_eager_s_output_while_its_graph_builds(slowed):
     _, _, _, _, state = slowed
     assert state["difference"] == 0.0 and state["eager"]
-    assert state["pending"] == 1 and state["live"] == 1 and state["compiles"] == 0
+    assert state["pending"] == 1 and state["live"] == 1 and state["compiles"] == 0 and state["probes"] == 0
     assert "building in the background" in state["reason"], state["reason"]
     assert state["second_difference"] == 0.0 and state["second_live"] == 1
     assert "building in the background" in state["second_reason"]
@@ -87,6 +91,13 @@ def test_once_the_build_lands_every_size_runs_on_the_graph_and_equals_eager(slow
     assert "built in the background" in compiled.reason and compiled.detail["background"]
     # The build's memory is stated: the build process's peak and its largest compiler process's.
     assert compiled.detail["peak_rss_mb"] > 50 and compiled.detail["compiler_peak_rss_mb"] > 10, compiled.detail
+    # Built for the CPU level the build process picked, stated as a build in this process states it.
+    (graph,) = forward.graphs()
+    built_here = machine_fit.build_probe()
+    needs = graph.info.needs
+    assert needs["march"] == (built_here["march"] or "native") and needs["cpu_isa"].upper() == built_here["vec_isa"].upper()
+    assert set(machine_fit._features_of_gcc_flags(built_here["vec_flags"])) <= set(needs["cpu_features"])
+    assert machine_fit.why_not_here(needs) is None
     for batch, side, length in ((1, 16, 77), (2, 8, 20), (1, 12, 5), (2, 16, 77)):
         difference = _served(unet, twin, batch, side, length)
         assert difference < 1e-4, (batch, side, difference)

@@ -316,18 +316,29 @@ def build_package(ep: "torch.export.ExportedProgram", progress: Progress = no_pr
     return read_package(package, march, progress)
 
 
+def read_built(build: "package_builds.PackageBuild") -> Tuple[bytes, List[str], dict]:
+    """(bytes, weight names, machine needs) of a background build started with `probe=True`: built for
+    the CPU level its process picked."""
+    package = build.result()
+    probe = build.probe or {}
+    vec = (probe["vec_isa"], probe.get("vec_flags")) if probe.get("vec_isa") else None
+    return read_package(package, probe.get("march"), vec=vec)
+
+
 def package_configs() -> Tuple[Optional[str], dict]:
     """(the CPU level packages are built for, Inductor's settings for a weight-free package)."""
     march = machine_fit.build_march()
     return march, {**PACKAGE_CONFIG, **({"cpp.march": march} if march else {})}
 
 
-def read_package(package: bytes, march: Optional[str], progress: Progress = no_progress) -> Tuple[bytes, List[str], dict]:
-    """(bytes, weight names, machine needs) of a package built here (in this process or a build process)."""
+def read_package(package: bytes, march: Optional[str], progress: Progress = no_progress,
+                 vec: Optional[tuple] = None) -> Tuple[bytes, List[str], dict]:
+    """(bytes, weight names, machine needs) of a package built here (in this process or a build process;
+    `vec`: the build process's vector ISA and flags, so no probe runs here)."""
     progress("loading the compiled package", 0.95)
     folder = extraction.extract(package, "compiled")
     try:
-        needs = machine_fit.needs_of_package(_package_metadata(folder), march, built_here=True)
+        needs = machine_fit.needs_of_package(_package_metadata(folder), march, built_here=True, vec=vec)
         try:
             runner = _load_runner(folder, package)
             names = sorted(runner.get_constant_fqns())
@@ -375,8 +386,9 @@ class AotBackend(Backend):
         traced = trace(module, forward_fn, call, key.shape_range)
         if traced.flat.out_spec is None:
             raise CompileFailed("the model's output structure was not seen while tracing")
-        march, configs = package_configs()
-        return AotPending(self, module, forward_fn, call, key, traced, march, package_builds.start(traced.ep, configs, label or UNLABELLED))
+        # The CPU level is picked in the build process (Inductor's probe compiles test programs: not here).
+        return AotPending(self, module, forward_fn, call, key, traced,
+                          package_builds.start(traced.ep, dict(PACKAGE_CONFIG), label or UNLABELLED, probe=True))
 
     def _checked_at_one(self, graph: "AotGraph", flat: FlatForward, module, call: FlatCall,
                         key: GraphKey) -> "AotGraph":
@@ -407,7 +419,7 @@ class AotBackend(Backend):
         """The graph of a background build, checked as `compile` checks one (the rare second trace at 1 runs
         here, in the caller's process)."""
         traced, call, key = pending.traced, pending.call, pending.key
-        graph = _graph(traced, call, key, read_package(pending.build.result(), pending.march))
+        graph = _graph(traced, call, key, read_built(pending.build))
         if traced.widened and size_one_disagreement(graph, module, traced.flat, call) is not None:
             traced = trace(module, pending.forward_fn, call, key.shape_range, widen=False)
             graph = self._build(traced, call, key, no_progress)
@@ -429,9 +441,9 @@ class AotPending(PendingGraph):
     """A graph traced here whose package builds in a child process (package_builds.py)."""
 
     def __init__(self, backend: AotBackend, module, forward_fn, call: FlatCall, key: GraphKey, traced: Traced,
-                 march: Optional[str], build: "package_builds.PackageBuild"):
+                 build: "package_builds.PackageBuild"):
         self.backend, self.forward_fn, self.call, self.key = backend, forward_fn, call, key
-        self.traced, self.march, self.build = traced, march, build
+        self.traced, self.build = traced, build
 
     @property
     def seconds(self) -> float:

@@ -103,6 +103,20 @@ def _write_usage(folder: str) -> None:
         pass
 
 
+def _probe(folder: str, machine_fit: str) -> dict:
+    """The CPU level to build for, picked here (the pack's machine_fit.py, loaded by path), written to
+    probe.json for the parent; the Inductor settings it adds."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("keepfast_machine_fit", machine_fit)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    probe = module.build_probe()
+    with open(os.path.join(folder, "probe.json"), "w") as handle:
+        json.dump(probe, handle)
+    return {"cpp.march": probe["march"]} if probe.get("march") else {}
+
+
 def main(folder: str) -> int:
     _stop_when_the_parent_is_gone(folder)
     try:
@@ -124,8 +138,11 @@ def main(folder: str) -> int:
                                    f"cannot import ({type(error).__name__}: {error})") from error
         program = torch.export.load(os.path.join(folder, "program.pt2"))
         program._state_dict.update(_weights(job["weights"]))
+        configs = dict(job["configs"])
+        if job.get("probe"):
+            configs.update(_probe(folder, job["probe"]))
         target = os.path.join(folder, "graph.partial.pt2")
-        torch._inductor.aoti_compile_and_package(program, package_path=target, inductor_configs=job["configs"])
+        torch._inductor.aoti_compile_and_package(program, package_path=target, inductor_configs=configs)
         _write_usage(folder)
         os.replace(target, os.path.join(folder, "graph.pt2"))  # whole, or not there
         return 0

@@ -40,6 +40,7 @@ from .base import UNLABELLED, BuildInProcess, BuildLabel, CompileFailed
 
 CHILD = Path(__file__).with_name("package_build_child.py")
 SWEEPER = Path(__file__).resolve().parent.parent / "extraction.py"  # stdlib only: a child loads it by path
+MACHINE_FIT = Path(__file__).resolve().parent.parent / "machine_fit.py"  # stdlib at the top: loaded by path too
 LIFELINE_ENV = "KEEPFAST_PARENT_LIFELINE_FD"
 _lifeline: Optional[Tuple[int, int, int]] = None  # (read, write, pid): the write end lives as long as this process
 _live: Set["PackageBuild"] = set()
@@ -150,6 +151,9 @@ class PackageBuild:
         self.finished: Optional[float] = None
         self.failed_to_start: Optional[str] = None
         self.usage: Dict[str, float] = {}  # the child's peak memory (MB), once read
+        # What the child built for (machine_fit.build_probe: march, vector ISA and its flags), once read;
+        # None where the caller chose the configuration itself.
+        self.probe: Optional[dict] = None
 
     def _launch(self) -> None:
         try:
@@ -239,6 +243,7 @@ class PackageBuild:
             package = self.folder / "graph.pt2"
             if self.process.returncode == 0 and package.is_file():
                 self.usage = _read_usage(self.folder)
+                self.probe = _read_probe(self.folder)
                 return package.read_bytes()
             raise CompileFailed("AOTInductor failed in the build process: " + self._reason())
         finally:
@@ -285,6 +290,14 @@ def _read_usage(folder: Path) -> Dict[str, float]:
     return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))} if isinstance(data, dict) else {}
 
 
+def _read_probe(folder: Path) -> Optional[dict]:
+    try:
+        data = json.loads((folder / "probe.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _lifeline_read_end() -> int:
     """The read end of this process's lifeline pipe (made once; its write end is never written or closed)."""
     global _lifeline
@@ -302,14 +315,22 @@ def _pump() -> None:
             _queue.pop(0)._launch()
 
 
-def start(ep: "torch.export.ExportedProgram", configs: dict, label: BuildLabel = UNLABELLED) -> PackageBuild:
-    """Start building `ep`'s package (weights left out) in a child process; `label` says what for."""
+def start(ep: "torch.export.ExportedProgram", configs: dict, label: BuildLabel = UNLABELLED,
+          probe: bool = False) -> PackageBuild:
+    """Start building `ep`'s package (weights left out) in a child process; `label` says what for.
+
+    `probe`: the child picks the CPU level to build for (machine_fit.build_probe, Inductor's ISA probe,
+    which compiles test programs) and adds it to `configs`; `PackageBuild.probe` says what it found. The
+    caller then never runs the probe on the path of the call that started the build."""
     light, layout = weightless(ep)
     imports = operator_modules(ep)
     folder = Path(tempfile.mkdtemp(prefix="build-", dir=extraction.run_folder()))
+    job = {"weights": layout, "configs": configs, "imports": imports}
+    if probe:
+        job["probe"] = str(MACHINE_FIT)
     try:
         torch.export.save(light, str(folder / "program.pt2"))
-        (folder / "job.json").write_text(json.dumps({"weights": layout, "configs": configs, "imports": imports}))
+        (folder / "job.json").write_text(json.dumps(job))
     except Exception as error:  # noqa: BLE001 - a build that cannot start is a failed compile
         shutil.rmtree(folder, ignore_errors=True)
         raise CompileFailed(f"the package build could not start: {type(error).__name__}: {error}") from error

@@ -372,7 +372,8 @@ class BlockEngine:
     # -- ahead of time --------------------------------------------------------------
     def wait_for_builds(self) -> int:
         """Wait for every background build and take it in; returns how many block structures now serve."""
-        return sum(1 for server in self.servers if server.pending is not None and server.wait())
+        return sum(1 for server in self.servers
+                   if (server.pending is not None or server.elsewhere is not None) and server.wait())
 
     def cancel_builds(self) -> int:
         """Stop every background build (the blocks stay eager with that reason); returns how many."""

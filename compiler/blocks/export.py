@@ -28,7 +28,7 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 import torch
 
 from ..backends import package_builds
-from ..backends.aot import AotGraph, _guards_from, build_package, package_configs, read_package
+from ..backends.aot import PACKAGE_CONFIG, AotGraph, _guards_from, build_package, read_built
 from ..quiet import third_party_quiet
 from ..backends.base import BuildLabel, CompileFailed, PackageInfo
 from ..flat_module import FlatForward, dump_out_spec
@@ -189,8 +189,8 @@ class BlockBuild:
 
     def __init__(self, traced: TracedBlock, label: BuildLabel):
         self.traced = traced
-        self.march, configs = package_configs()
-        self.build = package_builds.start(traced.program, configs, label)
+        # The CPU level is picked in the build process (Inductor's probe compiles test programs: not here).
+        self.build = package_builds.start(traced.program, dict(PACKAGE_CONFIG), label, probe=True)
 
     @property
     def seconds(self) -> float:
@@ -204,7 +204,7 @@ class BlockBuild:
 
     def package(self) -> Tuple[bytes, List[str], dict]:
         """(bytes, weight names, machine needs); CompileFailed with the build's reason."""
-        return read_package(self.build.result(), self.march)
+        return read_built(self.build)
 
     def cancel(self) -> None:
         self.build.cancel()

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.utils._pytree as pytree
 
+from .. import build_claims
 from ..backends import BackendUnavailable, get_backend
 from ..backends.base import BuildInProcess, BuildLabel, CompiledGraph, CompileFailed
 from ..binding import CallBinder
@@ -107,6 +108,7 @@ class BlockInstance:
 
 
 BUILDING = "its graph is building in the background"
+RECHECK_S = 1.0  # while another process builds a block graph: how often its calls look in the store again
 
 
 class BlockServer:
@@ -126,6 +128,9 @@ class BlockServer:
     def reset(self) -> None:
         if getattr(self, "pending", None) is not None:
             self.pending.cancel()
+        build_claims.release(getattr(self, "claim", None))
+        self.claim: Optional[build_claims.Claim] = None  # held while this process builds the graph for the store
+        self.elsewhere = None  # (call, bounds, key, when to look again) while another process builds it
         self.graph: Optional[CompiledGraph] = None
         self.runner: Optional[SharedRunner] = None
         self.family: Optional[FamilyKey] = None
@@ -171,6 +176,9 @@ class BlockServer:
         except Exception as error:  # nothing in preparing a block may break the model's call
             log.exception("%s: preparing the block graph failed", self.label)
             self.reason = f"preparing its graph failed: {type(error).__name__}: {error}"
+        finally:
+            if self.pending is None:  # built and written here, or not built here: others may look now
+                self._release_claim()
         if self.reason is not None:
             self.graph = None
             self.record_fallback(self.reason)
@@ -258,6 +266,12 @@ class BlockServer:
             if refused:
                 self.engine.compile_failures[family.id] = f"not compiled: {refused}"
                 return None, f"not compiled: {refused}"
+            graph, elsewhere = self._claim(family, call, key, progress)
+            if graph is not None:
+                return graph, None
+            if elsewhere is not None:
+                self.elsewhere = (call, bounds, key, time.monotonic() + RECHECK_S)
+                return None, elsewhere
             if options.background and not self.engine.ahead_of_time:
                 building = self._build_in_background(call, bounds, key)
                 if building is not None:
@@ -283,6 +297,76 @@ class BlockServer:
                                     "shapes": [list(s) for s in call.shapes], "parameters": self.group.parameter_count()})
             self.origin = "compiled"
             return graph, None
+
+    # -- claims on a shared graphs folder (compiler/build_claims.py) --------
+    def _claim(self, family: FamilyKey, call: FlatCall, key: GraphKey,
+               progress) -> Tuple[Optional[CompiledGraph], Optional[str]]:
+        """Claim the structure's build in the store its graph will be written to (`self.claim`): (None, None)
+        to build here; (graph, None) when another process's build was waited for and is now in the store;
+        (None, why) in background mode while another process holds the claim (its instances run eager).
+        Nothing is claimed when the graph will not be written (no store, or autosave off)."""
+        options = self.engine.options
+        if options.store is None or not options.autosave:
+            return None, None
+        path = options.store.claim_path(family)
+        if options.background and not self.engine.ahead_of_time:
+            result = build_claims.try_claim(path)
+            if isinstance(result, build_claims.Taken):
+                log.info("%s: %s", self.label, result.reason())
+                return None, result.reason()
+            self.claim = result
+            return None, None
+        waited = []
+
+        def waiting(taken: build_claims.Taken) -> None:
+            waited.append(taken)
+            log.info("%s: waiting: %s", self.label, taken.reason())
+            progress(f"waiting for {taken.holder.describe()}, which builds this graph", 0.0)
+
+        result = build_claims.claim_or_wait(path, on_wait=waiting)
+        if waited:
+            graph, _ = self._load(family, call, key)
+            if graph is not None:
+                build_claims.release(result)
+                return graph, None
+        if isinstance(result, build_claims.Taken):
+            log.warning("%s: still %s after %.0f s; building it here too", self.label, result.reason(),
+                        build_claims.wait_seconds())
+            return None, None
+        self.claim = result
+        return None, None
+
+    def _release_claim(self) -> None:
+        claim, self.claim = self.claim, None
+        build_claims.release(claim)
+
+    def look_again(self, wait: bool = False) -> bool:
+        """While another process builds this structure's graph: look in the store again (at most once per
+        RECHECK_S unless `wait`), loading the graph once it is there, or claiming and building it here
+        when the other build ended without one. True when the block now serves from a graph."""
+        elsewhere = self.elsewhere
+        if elsewhere is None:
+            return self.ready
+        call, bounds, key, due = elsewhere
+        if not wait and time.monotonic() < due:
+            return False
+        self.elsewhere = None
+        engine = self.engine
+        ahead = engine.ahead_of_time
+        engine.ahead_of_time = ahead or wait  # waiting: block on the claim, build here if needed
+        try:
+            graph, why = self._obtain(call, bounds, key, lambda *_: None)
+            self.reason = why if graph is None else self._adopt(graph, call)
+        except Exception as error:  # noqa: BLE001 - the block stays eager with the reason
+            self.reason = f"preparing its graph failed: {type(error).__name__}: {error}"
+        finally:
+            engine.ahead_of_time = ahead
+            if self.pending is None:
+                self._release_claim()
+        if self.reason is not None:
+            self.graph = None
+            self.record_fallback(self.reason)
+        return self.reason is None
 
     # -- background builds (docs/background.md) -----------------------------
     def _build_in_background(self, call: FlatCall, bounds, key: GraphKey) -> Optional[str]:
@@ -328,10 +412,19 @@ class BlockServer:
             text = str(error) if isinstance(error, CompileFailed) else f"{type(error).__name__}: {error}"
             self.reason = engine.compile_failures[family.id] = f"compile failed: {text}"
             log.warning("%s: the background build failed: %s", self.label, self.reason)
+            self._release_claim()
             return False
         self.compile_s = pending.seconds
         self.notes.extend(notes)
         engine.registry.add(graph)
+        try:
+            self._land_graph(graph, call, pending)
+        finally:  # written (or not): others sharing the store may look now
+            self._release_claim()
+        return self.reason is None
+
+    def _land_graph(self, graph: CompiledGraph, call: FlatCall, pending) -> None:
+        engine, family = self.engine, self.family
         engine.registry.record(COMPILE, family, f"{self.label}: first call for this block structure and input "
                                "structure (built in the background)", seconds=self.compile_s, graph_id=graph.key.id,
                                detail={"block": self.group.class_name, "instances": len(self.instances),
@@ -342,10 +435,13 @@ class BlockServer:
         if self.reason is not None:
             self.graph = None
             self.record_fallback(self.reason)
-        return self.reason is None
 
     def wait(self) -> bool:
-        """Wait for the background build, then take it in (Save Graph and warmup wait for their graphs)."""
+        """Wait for the background build (or another process's), then take it in (Save Graph and warmup
+        wait for their graphs)."""
+        if self.elsewhere is not None:
+            with self.lock:
+                self.look_again(wait=True)
         if self.pending is None:
             return self.ready
         self.pending.wait()
@@ -358,6 +454,7 @@ class BlockServer:
         if pending is None:
             return False
         pending.cancel()
+        self._release_claim()
         self.reason = "its background build was cancelled"
         return True
 
@@ -522,6 +619,9 @@ class BlockServer:
         if not self.ready and self.pending is not None:
             with self.lock:
                 self.land()
+        elif not self.ready and self.elsewhere is not None and time.monotonic() >= self.elsewhere[3]:
+            with self.lock:
+                self.look_again()
         if not self.ready:
             return self._eager(instance, self.reason or "no graph", args, kwargs)
         try:
