@@ -210,7 +210,8 @@ def _weights_result(variant, vs_eager, step, compiles_after, first_compiles, dif
             "output_scale": 14.0, "lora_changed_output_by": 1.3, "peak_rss_mb": 1500.0, "threads": 1,
             "weight_class": "GGMLTensor", "fallback_reasons": [],
             "steady": {"shape": "256x256 b1 t20", "step_s_median": step, "eager_step_s_median": eager_step,
-                       "vs_eager": vs_eager, "compiles_warmup": 0, "compiles_timed": 0}}
+                       "vs_eager": vs_eager, "step_s_min": step / 2, "eager_step_s_min": eager_step / 4,
+                       "compiles_warmup": 0, "compiles_timed": 0}}
 
 
 def _weights_raw():
@@ -275,6 +276,8 @@ def test_weights_summary_puts_ours_beside_eager_and_torch_compile():
     assert q8["ours_vs_eager"] == 2.0
     assert q8["ours_vs_torch_compile"] == pytest.approx(1.6)  # 2.0 / 1.25: each against its own process's eager
     assert q8["compiles_after_first_image"] == {"torch_compile": 5, "ours": 0}
+    assert q8["ours_vs_eager_fastest"] == 1.0  # eager's fastest step 0.2/4, ours' 0.1/2
+    assert q8["ours_vs_torch_compile_fastest"] == pytest.approx(1.6)  # 1.0 / (0.04 / 0.08 * 1.25)
     assert q8["variants"]["ours"]["compiles_first_image"] == 2
     assert summary["models"]["flux"]["weights"]["gguf-q4"]["skipped"].startswith("KEEPFAST_GGUF_PATH")
     assert "boom" in summary["models"]["flux"]["weights"]["fp8"]["variants"]["ours"]["error"]
@@ -287,7 +290,8 @@ def test_weights_table_in_bench_md(tmp_path):
     paths = report.write_all(tmp_path, summary)
     text = (tmp_path / "bench.md").read_text()
     assert "## Flux with quantised weights, in ComfyUI (`--weights`)" in text
-    assert "| GGUF Q8_0 (ComfyUI-GGUF) | 2.00x | 1.60x | 1.25x | 0 / 5 | 0.2000 / 0.1600 / 0.1000 |" in text
+    assert "| GGUF Q8_0 (ComfyUI-GGUF) | 2.00x / 1.00x | 1.60x / 1.60x | 1.25x / 0.62x | 0 / 5 " \
+           "| 0.2000 / 0.1600 / 0.1000 |" in text
     assert "| GGUF Q4_K (ComfyUI-GGUF) | skipped: KEEPFAST_GGUF_PATH is not set" in text
     assert "| KeepFastModelSpeedup (block graphs) | failed: RuntimeError: boom |" in text
     assert "| GGUF Q8_0 (ComfyUI-GGUF) | KeepFastModelSpeedup (block graphs) | 30.00 | 2 | 0 (0 in the LoRA rows) " \
