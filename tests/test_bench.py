@@ -197,3 +197,125 @@ def test_a_session_runs_from_process_start_in_its_own_process(tmp_path):
     assert "error" not in result, result
     assert len(result["image_s"]) == 3 and result["compiles_in_session"] == 0
     assert 0 < result["first_image_s"] <= result["session_s"] <= result["process_wall_s"]
+
+
+# -- quantised weights (--weights): no ComfyUI here; what is parsed, summarised, written and skipped ------------
+
+def _weights_result(variant, vs_eager, step, compiles_after, first_compiles, diff=1e-5):
+    """One (weights, variant) process's raw result as weights_worker.py writes it."""
+    eager_step = step * vs_eager
+    return {"weights": "gguf-q8", "variant": variant, "first_image_s": 30.0 if first_compiles else 1.0,
+            "compiles_first_image": first_compiles, "compiles_after_first_image": compiles_after,
+            "compiles_lora_rows": compiles_after, "sweep_s": 10.0, "max_abs_diff_vs_eager": diff,
+            "output_scale": 14.0, "lora_changed_output_by": 1.3, "peak_rss_mb": 1500.0, "threads": 1,
+            "weight_class": "GGMLTensor", "fallback_reasons": [],
+            "steady": {"shape": "256x256 b1 t20", "step_s_median": step, "eager_step_s_median": eager_step,
+                       "vs_eager": vs_eager, "step_s_min": step / 2, "eager_step_s_min": eager_step / 4,
+                       "compiles_warmup": 0, "compiles_timed": 0}}
+
+
+def _weights_raw():
+    from compiler.testing.bench import weights as W
+
+    return {"model": "flux", "config": W.settings(True), "results": {
+        "gguf-q8": {"variants": {
+            "eager": _weights_result("eager", 1.0, 0.2, 0, 0, diff=0.0),
+            "torch_compile": _weights_result("torch_compile", 1.25, 0.16, 5, 1),
+            "ours": {**_weights_result("ours", 2.0, 0.1, 0, 2),
+                     "blocks": {"blocks": 4, "blocks_compiled": 4, "graph_calls": 40, "eager_calls": 0}}}},
+        "gguf-q4": {"skipped": "KEEPFAST_GGUF_PATH is not set (point it at a ComfyUI-GGUF checkout)"},
+        "fp8": {"variants": {"eager": _weights_result("eager", 1.0, 0.2, 0, 0, diff=0.0),
+                             "ours": {"error": "Traceback ...\nRuntimeError: boom"}}}}}
+
+
+def test_cli_parses_the_weights_options_and_passes_them_on(monkeypatch):
+    from compiler.cli import build_parser
+    from compiler.testing.bench import runner
+
+    args = build_parser().parse_args(["bench", "--out", "o", "--quick", "--models", "flux",
+                                      "--weights", "gguf-q8,gguf-q4,fp8", "--weights-only"])
+    assert args.weights == ["gguf-q8", "gguf-q4", "fp8"] and args.weights_variants == ["eager", "torch_compile", "ours"]
+    seen = {}
+    monkeypatch.setattr(runner, "run_bench", lambda out, **kwargs: seen.update(kwargs) or 0)
+    assert args.run(args) == 0
+    assert seen["weights"] == ["gguf-q8", "gguf-q4", "fp8"]
+    assert not seen["steady"] and not seen["sessions"] and not seen["comfy"]  # --weights-only
+    plain = build_parser().parse_args(["bench", "--out", "o", "--models", "flux", "--weights", "fp8",
+                                       "--weights-variants", "eager,ours"])
+    assert plain.weights_variants == ["eager", "ours"] and not plain.weights_only
+    assert build_parser().parse_args(["bench", "--out", "o"]).weights == []  # off unless asked for
+    for wrong in (["--weights", "gguf-q5"], ["--weights-variants", "torch_compile_blocks"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["bench", "--out", "o"] + wrong)
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_the_weights_sweep_changes_the_lora_strength_inside_the_declared_range(quick):
+    from compiler.testing.bench import weights as W
+
+    config = W.settings(quick)
+    rows = config["rows"]
+    assert rows[0]["lora"] is None  # the first image, plain
+    strengths = [row["lora"] for row in rows]
+    on = [s for s in strengths if s is not None]
+    assert on == sorted(on, reverse=True) and set(on) == {1.0, 0.5}  # 1.0, then 0.5
+    assert strengths[-1] is None and "LoRA off" in rows[-1]["label"] and strengths.index(1.0) < len(rows) - 1
+    assert len({(r["width"], r["height"], r["batch"], r["text"]) for r in rows}) >= 4  # sizes, batches, prompts
+    assert len({row["label"] for row in rows}) == len(rows)  # the outputs are compared by label
+    speedup = config["speedup"]
+    for row in rows + [config["steady"]]:
+        assert speedup["min_resolution"] <= min(row["width"], row["height"])
+        assert max(row["width"], row["height"]) <= speedup["max_resolution"]
+        assert row["batch"] <= speedup["max_batch_size"]
+    assert speedup["build"] == "before the first image"  # compiles land in the first image, not the sweep
+
+
+def test_weights_summary_puts_ours_beside_eager_and_torch_compile():
+    summary = report.summarise([], META, {}, None, _weights_raw())
+    q8 = summary["models"]["flux"]["weights"]["gguf-q8"]
+    assert q8["ours_vs_eager"] == 2.0
+    assert q8["ours_vs_torch_compile"] == pytest.approx(1.6)  # 2.0 / 1.25: each against its own process's eager
+    assert q8["compiles_after_first_image"] == {"torch_compile": 5, "ours": 0}
+    assert q8["ours_vs_eager_fastest"] == 1.0  # eager's fastest step 0.2/4, ours' 0.1/2
+    assert q8["ours_vs_torch_compile_fastest"] == pytest.approx(1.6)  # 1.0 / (0.04 / 0.08 * 1.25)
+    assert q8["variants"]["ours"]["compiles_first_image"] == 2
+    assert summary["models"]["flux"]["weights"]["gguf-q4"]["skipped"].startswith("KEEPFAST_GGUF_PATH")
+    assert "boom" in summary["models"]["flux"]["weights"]["fp8"]["variants"]["ours"]["error"]
+    assert summary["weights_raw"]["results"]["gguf-q8"]["variants"]["ours"]["steady"]["step_s_median"] == 0.1
+    json.dumps(summary)
+
+
+def test_weights_table_in_bench_md(tmp_path):
+    summary = report.summarise([], META, {}, {"run": False, "why": "--weights-only was given"}, _weights_raw())
+    paths = report.write_all(tmp_path, summary)
+    text = (tmp_path / "bench.md").read_text()
+    assert "## Flux with quantised weights, in ComfyUI (`--weights`)" in text
+    assert "| GGUF Q8_0 (ComfyUI-GGUF) | 2.00x / 1.00x | 1.60x / 1.60x | 1.25x / 0.62x | 0 / 5 " \
+           "| 0.2000 / 0.1600 / 0.1000 |" in text
+    assert "| GGUF Q4_K (ComfyUI-GGUF) | skipped: KEEPFAST_GGUF_PATH is not set" in text
+    assert "| KeepFastModelSpeedup (block graphs) | failed: RuntimeError: boom |" in text
+    assert "| GGUF Q8_0 (ComfyUI-GGUF) | KeepFastModelSpeedup (block graphs) | 30.00 | 2 | 0 (0 in the LoRA rows) " \
+           "| 0.1000 / 0.2000 | 2.00x | 1.00e-05 (scale 14.0) | 1500 | 4/4 blocks compiled |" in text
+    assert "Torch threads per process: 1." in text
+    assert "png" not in paths and "quantised weights" in summary["chart"]  # nothing for the steady charts
+
+
+def test_weights_kinds_that_cannot_run_are_skipped_with_the_reason(tmp_path, capsys):
+    from compiler.testing.bench import runner
+    from compiler.testing.bench import weights as W
+
+    result = W.run_weights(tmp_path / "w", ["gguf-q8", "fp8"], quick=True, env={"PATH": "/usr/bin"})
+    for kind in ("gguf-q8", "fp8"):
+        assert "COMFYUI_PATH is not set" in result["results"][kind]["skipped"]
+    comfy = tmp_path / "ComfyUI"
+    comfy.mkdir()
+    (comfy / "main.py").write_text("")
+    result = W.run_weights(tmp_path / "w", ["gguf-q4"], quick=True, env={"COMFYUI_PATH": str(comfy)})
+    assert W.GGUF_ENV in result["results"]["gguf-q4"]["skipped"]
+    assert W.skip_reason("gguf-q4", {"COMFYUI_PATH": str(comfy), W.GGUF_ENV: str(tmp_path)}).endswith(
+        "is no ComfyUI-GGUF checkout (no nodes.py)")
+    assert W.skip_reason("fp8", {"COMFYUI_PATH": str(comfy)}) is None  # fp8 needs ComfyUI only
+    assert "flux/gguf-q4: skipped: KEEPFAST_GGUF_PATH is not set" in capsys.readouterr().out
+    skipped = runner._run_weights(tmp_path, ["sd15"], ["fp8"], True, W.VARIANTS, 10.0)
+    assert "leaves it out" in skipped["results"]["fp8"]["skipped"]
+    assert not list((tmp_path / "w").glob("*.job.json"))  # no process was started for any of them

@@ -22,7 +22,7 @@ functions (through `comfy_models._comfy`, which also forces `--cpu` before
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -316,11 +316,12 @@ def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> TinyF
 
 
 def sample(family: TinyFamily, positive, negative, latent: torch.Tensor, steps: int = 2, cfg: float = 2.0,
-           seed: int = 0, model: Any = None) -> torch.Tensor:
+           seed: int = 0, model: Any = None, callback: Optional[Callable[..., None]] = None) -> torch.Tensor:
     """Sample like KSampler (euler, simple) under inference_mode as ComfyUI's executor runs nodes.
 
     `model` samples another ModelPatcher of the family (a clone with a speedup node or patches) with the
-    same inputs. Returns the latent KSampler would output: the empty latent after
+    same inputs. `callback` is KSampler's per-step callback (step, x0, x, total_steps): the bench times
+    steps with it. Returns the latent KSampler would output: the empty latent after
     `fix_empty_latent_channels` (so Qwen-Image's 4-D latent comes back 5-D).
     """
     _comfy()
@@ -331,4 +332,5 @@ def sample(family: TinyFamily, positive, negative, latent: torch.Tensor, steps: 
         latent_image = comfy.sample.fix_empty_latent_channels(model, latent)
         noise = comfy.sample.prepare_noise(latent_image, seed)
         return comfy.sample.sample(model, noise, steps, cfg, "euler", "simple", positive, negative,
-                                   latent_image, denoise=1.0, disable_pbar=True, seed=seed)
+                                   latent_image, denoise=1.0, disable_pbar=True, seed=seed,
+                                   callback=callback)

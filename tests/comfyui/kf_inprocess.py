@@ -9,17 +9,20 @@ path, imported from its __init__.py, then comfy_entrypoint()).
 
 from __future__ import annotations
 
-import asyncio
-import importlib.util
 import json
 import os
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository (this pack): compiler.testing
+from compiler.testing.comfy_pack import comfy_with_pack, load_pack  # noqa: E402  (the kf_*.py scripts import them from here)
 
 # The Speedup nodes' `build` choice that compiles before the first image: the tests that count a first image's
 # compiles use it (the default builds in the background; test_comfyui_background.py and the server's
 # queue-twice test cover that).
 BLOCKING_BUILD = "before the first image"
+__all__ = ["BLOCKING_BUILD", "comfy_with_pack", "load_pack", "capture_server", "main"]
 
 
 def capture_server(utils, runtime):
@@ -49,30 +52,6 @@ def capture_server(utils, runtime):
             sys.modules["server"] = previous
         utils.set_progress_bar_global_hook(None)
     return progress, sent
-
-
-def load_pack(pack: str):
-    """(package name, node classes by name): the pack imported as ComfyUI's loader does it."""
-    name = pack.replace(".", "_x_")
-    spec = importlib.util.spec_from_file_location(name, os.path.join(pack, "__init__.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    extension = asyncio.run(module.comfy_entrypoint())
-    return name, {node.__name__: node for node in asyncio.run(extension.get_node_list())}
-
-
-def comfy_with_pack(pack: str, base: str):
-    """ComfyUI on the CPU with `base` as its --base-directory, the pack loaded as ComfyUI loads it, and the
-    pack's folder on sys.path (for compiler.testing): (package name, node classes by name)."""
-    sys.path.insert(0, os.environ["COMFYUI_PATH"])
-    import comfy.cli_args
-
-    comfy.cli_args.args.cpu = True
-    comfy.cli_args.args.base_directory = base  # read by folder_paths at import, like --base-directory
-    name, nodes = load_pack(pack)
-    sys.path.insert(0, pack)
-    return name, nodes
 
 
 def main(pack: str, base: str, checkpoint: str) -> dict:

@@ -30,29 +30,7 @@ RANGE = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=Tr
              backend="aot", max_frames=17)
 SWEEP = [(128, 128, 1, 7, 5), (192, 128, 2, 20, 9), (128, 256, 1, 40, 9)]
 RESTART_SWEEP = [(160, 160, 1, 11, 5), (128, 192, 2, 45, 9)]
-LORA_RANK = 4
 FP8_SCALED = "fp8_scaled"  # QTYPE for an fp8-scaled checkpoint (weights float8_e4m3fn, per-tensor scales)
-
-
-def lora_state(patcher, rank: int = LORA_RANK, seed: int = 11) -> dict:
-    """A LoRA file's tensors (kohya names: lora_unet_<path>.lora_up/lora_down/alpha) for every Linear weight
-    inside the transformer blocks."""
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    state = {}
-    model = patcher.model.diffusion_model
-    for path, module in model.named_modules():
-        # ComfyUI's mixed-precision Linear (fp8 scaled) is no torch.nn.Linear: a Linear is what has in_features
-        if getattr(module, "in_features", None) is None or getattr(module, "weight", None) is None \
-                or "blocks." not in path:
-            continue
-        out_features, in_features = tuple(module.weight.shape)
-        name = "lora_unet_" + path.replace(".", "_")
-        state[name + ".lora_up.weight"] = torch.randn(out_features, rank, generator=generator) * 0.1
-        state[name + ".lora_down.weight"] = torch.randn(rank, in_features, generator=generator) * 0.1
-        state[name + ".alpha"] = torch.tensor(float(rank))
-    return state
 
 
 def main(pack: str, base: str, family_name: str, qtype: str, phase: str) -> dict:
@@ -62,7 +40,7 @@ def main(pack: str, base: str, family_name: str, qtype: str, phase: str) -> dict
     runtime = sys.modules[name + ".nodes.runtime"]
     blocks = sys.modules[name + ".nodes.blocks"]
     import comfy.sd
-    import kf_gguf_models as G
+    from compiler.testing import comfy_quantised as G
     from compiler.testing import comfy_families as F
 
     out = {"family": family_name, "qtype": qtype, "phase": phase}
@@ -140,7 +118,7 @@ def main(pack: str, base: str, family_name: str, qtype: str, phase: str) -> dict
         out["block_calls"] = [engine.graph_calls, engine.eager_calls]
 
         # A LoRA as LoraLoader applies it: GGUFModelPatcher hangs it on the quantised weights.
-        lora = lora_state(patcher)
+        lora = G.lora_state(patcher)
         plain = sample(fast, *SWEEP[0])
         rows = []
         for strength in (1.0, 0.5):
@@ -214,7 +192,7 @@ def low_vram(nodes, runtime, blocks, G, F, family_name: str, out: dict) -> dict:
     model = patcher.model.diffusion_model
     engine = blocks.existing_engine(model)
     out["report"] = engine.report()
-    lora = lora_state(patcher)
+    lora = G.lora_state(patcher)
     rows, first_want = [], None
     for strength in (1.0, 0.5):
         with torch.inference_mode():

@@ -9,7 +9,10 @@ compile) and restart-to-first-result with saved graphs, compiles over a
 sweep of 5 resolutions x 3 batch sizes, peak memory; then sessions (first image,
 20 images and a restart from process start: eager, torch.compile, ours
 blocking, ours building in the background; session.py). With COMFYUI_PATH set,
-the same comparison end to end in a headless ComfyUI. Writes DIR/bench.json,
+the same comparison end to end in a headless ComfyUI, and (`--weights`) Flux
+with GGUF or fp8-scaled weights in ComfyUI's own classes: eager vs
+TorchCompileModel vs ours, over a sweep that changes a LoRA's strength
+(weights.py). Writes DIR/bench.json,
 DIR/bench.md and DIR/bench.png. See docs/benchmarks.md.
 
 Importing this package imports neither torch nor diffusers.
@@ -23,6 +26,8 @@ from pathlib import Path
 from .models import ALL_MODELS as MODELS
 from .models import COMFY_MODES, DEFAULT_VARIANTS
 from .models import VARIANTS as VARIANT_NAMES
+from .weights import VARIANTS as WEIGHT_VARIANTS
+from .weights import WEIGHTS
 
 
 def _names(text: str, allowed) -> list:
@@ -59,6 +64,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "per variant; compiler/testing/bench/session.py)")
     parser.add_argument("--sessions-only", action="store_true",
                         help="only the session figures (no steady-state, sweep or ComfyUI parts)")
+    parser.add_argument("--weights", type=lambda t: _names(t, WEIGHTS), default=[],
+                        help=f"with --models flux: also run the tiny Flux in ComfyUI's own classes with these weights "
+                             f"(comma-separated subset of {','.join(WEIGHTS)}; GGUF through ComfyUI-GGUF at "
+                             "$KEEPFAST_GGUF_PATH): eager vs TorchCompileModel vs ours, step time, compiles over a "
+                             "sweep with a LoRA strength change, outputs against eager; needs COMFYUI_PATH, a kind "
+                             "that cannot run is skipped with the reason")
+    parser.add_argument("--weights-variants", type=lambda t: _names(t, WEIGHT_VARIANTS), default=list(WEIGHT_VARIANTS),
+                        help=f"comma-separated subset of {','.join(WEIGHT_VARIANTS)} for --weights (eager runs "
+                             "anyway: the others' outputs are compared with its)")
+    parser.add_argument("--weights-only", action="store_true",
+                        help="only the --weights part (no steady-state, sweep, session or ComfyUI end-to-end parts)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, caches, graphs)")
     parser.add_argument("--job-timeout", type=float, default=None, help="seconds per configuration")
 
@@ -67,10 +83,12 @@ def run_from_args(args: argparse.Namespace) -> int:
     from .runner import run_bench
 
     dtype = args.dtype or ("fp16" if str(args.device).startswith("cuda") else "fp32")
+    only = args.sessions_only or args.weights_only
     return run_bench(Path(args.out), quick=args.quick, device=args.device, dtype=dtype, models=args.models,
-                     variants=args.variants, reps=args.reps, comfy=not (args.no_comfy or args.sessions_only), keep=args.keep,
-                     comfy_modes=args.comfy_modes, sessions=not args.no_sessions, steady=not args.sessions_only,
-                     job_timeout=args.job_timeout, comfy_attention=args.comfy_attention)
+                     variants=args.variants, reps=args.reps, comfy=not (args.no_comfy or only), keep=args.keep,
+                     comfy_modes=args.comfy_modes, sessions=not (args.no_sessions or args.weights_only),
+                     steady=not only, job_timeout=args.job_timeout, comfy_attention=args.comfy_attention,
+                     weights=args.weights, weight_variants=args.weights_variants)
 
 
 __all__ = ["add_arguments", "run_from_args", "VARIANT_NAMES"]

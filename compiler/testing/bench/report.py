@@ -236,9 +236,10 @@ def _check(value, op: str, bound) -> Optional[bool]:
 
 
 def summarise(jobs: List[dict], meta: Dict[str, Any], specs: Optional[Dict[str, dict]] = None,
-              comfy: Optional[dict] = None) -> Dict[str, Any]:
-    """bench.json's content: headline ratios, targets, per-model summaries, raw job results."""
-    from . import session
+              comfy: Optional[dict] = None, weights: Optional[dict] = None) -> Dict[str, Any]:
+    """bench.json's content: headline ratios, targets, per-model summaries, raw job results; `weights` is
+    weights.py's raw result (bench.json: models.flux.weights.<kind>, the raw part under `weights_raw`)."""
+    from . import session, weights_report
 
     session_runs = [job for job in jobs if job.get("kind") == "session" or (job.get("job") or {}).get("kind") == "session"]
     jobs = [job for job in jobs if job not in session_runs]
@@ -288,6 +289,9 @@ def summarise(jobs: List[dict], meta: Dict[str, Any], specs: Optional[Dict[str, 
                                            first_image_vs_eager_ratio=entry["first_image_vs_eager_ratio"],
                                            session_ratio_vs_best_peer=entry["session_ratio_vs_best_peer"])
     summary["sessions"] = sessions
+    if weights:
+        models.setdefault(weights.get("model", "flux"), {})["weights"] = weights_report.summarise(weights)
+        summary["weights_raw"] = weights
     summary["models"] = models
     summary["comfyui"] = comfy or {"run": False, "why": "not requested"}
     modes = {m.get("mode"): m for m in (comfy or {}).get("modes", []) if not m.get("error")}
@@ -450,10 +454,13 @@ def markdown(summary: Dict[str, Any]) -> str:
             add("torch.compile hit its recompile limit (later shapes ran eager, silently): "
                 + "; ".join(model["torch_compile_recompile_limit_hit"][:2]))
         add("")
-    from . import session
+    from . import session, weights_report
 
     lines.extend(session.markdown(summary.get("sessions") or {}))
     add("")
+    for name, model in (summary.get("models") or {}).items():
+        if model.get("weights"):
+            lines.extend(weights_report.markdown(model["weights"], summary.get("weights_raw")))
     add(comfy_markdown(summary.get("comfyui") or {}))
     return "\n".join(lines) + "\n"
 
@@ -521,7 +528,10 @@ def chart(summary: Dict[str, Any], path: Path) -> Optional[str]:
         import matplotlib.pyplot as plt
     except ImportError as error:
         return f"matplotlib is not installed ({error}); pip install matplotlib"
-    models = summary.get("models") or {}
+    models = {name: model for name, model in (summary.get("models") or {}).items()
+              if model.get("first_call_s") or model.get("steady_ratios")}
+    if not models:  # --sessions-only, --weights-only: their tables say it all
+        return "no steady-state or first-call figures to chart (only sessions or quantised weights were run)"
     names = list(models)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
 

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from . import models as M
 from . import report
 from . import session as S
+from . import weights as W
 from .fresh_machine import FreshMachine
 from .models import DEFAULT_VARIANTS
 
@@ -108,7 +109,8 @@ def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str
               models: Sequence[str] = M.ALL_MODELS, variants: Sequence[str] = DEFAULT_VARIANTS, reps: Optional[int] = None,
               comfy: bool = True, keep: bool = False, job_timeout: Optional[float] = None,
               comfy_modes: Sequence[str] = M.COMFY_MODES, comfy_attention: str = "default",
-              sessions: bool = True, steady: bool = True) -> int:
+              sessions: bool = True, steady: bool = True, weights: Sequence[str] = (),
+              weight_variants: Sequence[str] = W.VARIANTS) -> int:
     profile = "quick" if quick else "full"
     reps = reps or (11 if quick else 5)  # quick calls take milliseconds: more pairs for the same time
     job_timeout = job_timeout or (1800.0 if quick else 7200.0)
@@ -125,6 +127,9 @@ def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str
     profile_text = ("--quick: the real block types and conditioning sizes at two levels and narrow widths (see "
                     "each model's 'changed_from_real_config'), a smoke run, not the real models' numbers" if quick else
                     "the real diffusers configs (SD1.5 UNet, SDXL UNet, SD VAE decoder), random weights")
+    if weights and not (steady or sessions or comfy):  # --weights-only: the profile text above is not about it
+        profile_text = ("quantised weights only (--weights-only): the tiny Flux of comfy_quantised.py, "
+                        + ("smaller sizes and fewer timed steps (--quick)" if quick else "256-512 pixel sizes"))
     meta: Dict[str, Any] = {
         "profile": profile, "quick": quick, "profile_text": profile_text, "device": device, "dtype": dtype,
         "torch": torch.__version__, "python": platform.python_version(), "cpu_count": os.cpu_count(),
@@ -189,16 +194,20 @@ def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str
             jobs.append(result)
             print(S.line(result), flush=True)
             _save_partial(out, jobs, meta)
+    weights_result = None
+    if weights:
+        weights_result = _run_weights(work, models, weights, quick, weight_variants, job_timeout)
     if comfy:
         from .comfy_e2e import run_comfy
 
         comfy_result = run_comfy(work, quick=quick, keep=keep, modes=comfy_modes, attention=comfy_attention)
     else:
-        comfy_result = {"run": False, "why": "--no-comfy was given" if steady else "--sessions-only was given"}
+        only = "--weights-only" if weights and not sessions else "--sessions-only"
+        comfy_result = {"run": False, "why": "--no-comfy was given" if steady else f"{only} was given"}
     meta["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     meta["uptime_end"] = _uptime()
     meta["duration_s"] = round(time.time() - started, 1)
-    summary = report.summarise(jobs, meta, {n: s.describe() for n, s in specs.items()}, comfy_result)
+    summary = report.summarise(jobs, meta, {n: s.describe() for n, s in specs.items()}, comfy_result, weights_result)
     paths = report.write_all(out, summary)
     (out / "partial.json").unlink(missing_ok=True)
     print()
@@ -210,8 +219,22 @@ def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str
         print(f"kept the work folder {work}")
     else:
         shutil.rmtree(work, ignore_errors=True)
-    failed = [j for j in jobs if "error" in j]
+    failed = [j for j in jobs if "error" in j] + [
+        r for entry in ((weights_result or {}).get("results") or {}).values()
+        for r in (entry.get("variants") or {}).values() if "error" in r]
     return 1 if failed else 0
+
+
+def _run_weights(work: Path, models: Sequence[str], weights: Sequence[str], quick: bool,
+                 variants: Sequence[str], timeout: float) -> Dict[str, Any]:
+    """The quantised-weights part (weights.py); it is Flux's only, so without flux in --models it says so."""
+    if W.MODEL not in models:
+        why = f"--weights runs the {W.MODEL} model; --models {','.join(models)} leaves it out"
+        print(f"quantised weights: skipped: {why}", flush=True)
+        return {"model": W.MODEL, "results": {kind: {"skipped": why} for kind in weights}}
+    print(f"Flux with quantised weights in ComfyUI ({', '.join(weights)}): variants "
+          f"{', '.join(variants)}", flush=True)
+    return W.run_weights(work / "weights", weights, quick=quick, variants=variants, timeout=timeout)
 
 
 def _save_partial(out: Path, jobs: List[dict], meta: dict) -> None:

@@ -1,4 +1,11 @@
-"""Tiny transformers written as GGUF files and loaded through ComfyUI-GGUF, in ComfyUI's Python (test support).
+"""Tiny quantised transformers loaded as ComfyUI loads them, and a LoRA for them: the ComfyUI tests and the bench.
+
+Run inside ComfyUI's Python with COMFYUI_PATH set (tests/comfyui/kf_quantised.py
+and the bench's weights worker import it there). Importing this module imports
+numpy and torch only; ComfyUI, ComfyUI-GGUF and `gguf` are imported by the
+functions that use them, so `compiler/` still never imports ComfyUI.
+
+GGUF: tiny Flux / Wan written as GGUF files and loaded through ComfyUI-GGUF.
 
 The `gguf` package writes the files. It quantises Q8_0 itself but not the
 K-quants (its `quants.quantize` raises NotImplementedError for Q4_K), so
@@ -128,8 +135,8 @@ def write_gguf(state: Dict[str, torch.Tensor], path: str, qtype_name: str, arch:
 
 def build_float(name: str, seed: int = 0) -> Dict[str, torch.Tensor]:
     """A tiny float32 model of `name`'s GGUF config with random weights: its diffusion model's state dict."""
-    from compiler.testing.comfy_families import _init_rest
-    from compiler.testing.comfy_models import _comfy, _init
+    from .comfy_families import _init_rest
+    from .comfy_models import _comfy, _init
 
     _comfy()
     import comfy.supported_models
@@ -164,6 +171,31 @@ def load_gguf(name: str, path: str, gguf_nodes, dtype: torch.dtype = torch.float
     patcher = comfy.model_patcher.ModelPatcher(model, load_device=mm.get_torch_device(),
                                                offload_device=mm.unet_offload_device())
     return gguf_nodes.GGUFModelPatcher.clone(patcher)
+
+
+# -- LoRA -----------------------------------------------------------------------------------------------------
+
+LORA_RANK = 4
+
+
+def lora_state(patcher, rank: int = LORA_RANK, seed: int = 11) -> Dict[str, torch.Tensor]:
+    """A LoRA file's tensors (kohya names: lora_unet_<path>.lora_up/lora_down/alpha) for every Linear weight
+    inside the transformer blocks: random, so on and off give visibly different outputs, with no file to
+    download; what `comfy.sd.load_lora_for_models` takes."""
+    generator = torch.Generator().manual_seed(seed)
+    state: Dict[str, torch.Tensor] = {}
+    model = patcher.model.diffusion_model
+    for path, module in model.named_modules():
+        # ComfyUI's mixed-precision Linear (fp8 scaled) is no torch.nn.Linear: a Linear is what has in_features
+        if getattr(module, "in_features", None) is None or getattr(module, "weight", None) is None \
+                or "blocks." not in path:
+            continue
+        out_features, in_features = tuple(module.weight.shape)
+        name = "lora_unet_" + path.replace(".", "_")
+        state[name + ".lora_up.weight"] = torch.randn(out_features, rank, generator=generator) * 0.1
+        state[name + ".lora_down.weight"] = torch.randn(rank, in_features, generator=generator) * 0.1
+        state[name + ".alpha"] = torch.tensor(float(rank))
+    return state
 
 
 # -- fp8 scaled ---------------------------------------------------------------------------------------------
