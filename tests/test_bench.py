@@ -183,6 +183,26 @@ def test_session_figures_and_their_ratios():
     assert "| sd15 | ours_blocking | failed: boom |" in text
 
 
+def test_session_variants_pick_the_session_jobs():
+    """--session-variants eager,ours_background: the first image ratio's two variants only, each with its restart
+    where it has one; without a torch.compile variant the session ratio is not given (never a made-up one)."""
+    from compiler.cli import build_parser
+    from compiler.testing.bench import session as S
+
+    args = build_parser().parse_args(["bench", "--out", "o", "--session-variants", "eager,ours_background"])
+    assert args.session_variants == ["eager", "ours_background"]
+    assert build_parser().parse_args(["bench", "--out", "o"]).session_variants == list(S.SESSION_VARIANTS)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--out", "o", "--session-variants", "ours_sometimes"])
+    jobs = S.session_jobs("flux", "transformer", args.session_variants)
+    assert [j["variant"] for j in jobs] == [S.job_name("eager"), S.job_name("ours_background"), S.job_name("ours_background", True)]
+    summary = S.summarise([{"kind": "session", "model": "flux", "variant": S.job_name("eager"), "first_image_s": 4.0,
+                            "session_s": 30.0, "compiles_in_session": 0},
+                           {"kind": "session", "model": "flux", "variant": S.job_name("ours_background"),
+                            "first_image_s": 5.0, "session_s": 40.0, "compiles_in_session": 2}])
+    assert summary["flux"]["first_image_vs_eager_ratio"] == 1.25 and summary["flux"]["session_ratio_vs_best_peer"] is None
+
+
 def test_a_session_runs_from_process_start_in_its_own_process(tmp_path):
     """A real (eager) session job through the runner: its figures count from the process's start."""
     import os

@@ -26,6 +26,7 @@ from pathlib import Path
 from .models import ALL_MODELS as MODELS
 from .models import COMFY_MODES, DEFAULT_VARIANTS
 from .models import VARIANTS as VARIANT_NAMES
+from .session import SESSION_VARIANTS
 from .weights import VARIANTS as WEIGHT_VARIANTS
 from .weights import WEIGHTS
 
@@ -64,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "per variant; compiler/testing/bench/session.py)")
     parser.add_argument("--sessions-only", action="store_true",
                         help="only the session figures (no steady-state, sweep or ComfyUI parts)")
+    parser.add_argument("--session-variants", type=lambda t: _names(t, SESSION_VARIANTS),
+                        default=list(SESSION_VARIANTS),
+                        help=f"comma-separated subset of {','.join(SESSION_VARIANTS)} for the sessions (the first "
+                             "image ratio needs eager and ours_background; the session ratio a torch.compile "
+                             "variant too)")
     parser.add_argument("--weights", type=lambda t: _names(t, WEIGHTS), default=[],
                         help=f"with --models flux: also run the tiny Flux in ComfyUI's own classes with these weights "
                              f"(comma-separated subset of {','.join(WEIGHTS)}; GGUF through ComfyUI-GGUF at "
@@ -88,7 +94,8 @@ def run_from_args(args: argparse.Namespace) -> int:
                      variants=args.variants, reps=args.reps, comfy=not (args.no_comfy or only), keep=args.keep,
                      comfy_modes=args.comfy_modes, sessions=not (args.no_sessions or args.weights_only),
                      steady=not only, job_timeout=args.job_timeout, comfy_attention=args.comfy_attention,
-                     weights=args.weights, weight_variants=args.weights_variants)
+                     weights=args.weights, weight_variants=args.weights_variants,
+                     session_variants=args.session_variants)
 
 
 __all__ = ["add_arguments", "run_from_args", "VARIANT_NAMES"]

@@ -110,7 +110,8 @@ def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str
               comfy: bool = True, keep: bool = False, job_timeout: Optional[float] = None,
               comfy_modes: Sequence[str] = M.COMFY_MODES, comfy_attention: str = "default",
               sessions: bool = True, steady: bool = True, weights: Sequence[str] = (),
-              weight_variants: Sequence[str] = W.VARIANTS) -> int:
+              weight_variants: Sequence[str] = W.VARIANTS,
+              session_variants: Sequence[str] = S.SESSION_VARIANTS) -> int:
     profile = "quick" if quick else "full"
     reps = reps or (11 if quick else 5)  # quick calls take milliseconds: more pairs for the same time
     job_timeout = job_timeout or (1800.0 if quick else 7200.0)
@@ -182,7 +183,7 @@ def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str
         if name not in S.SESSION_MODELS:
             continue
         print(f"{specs[name].title} ({name}): sessions of {S.IMAGES} images x {S.STEPS} steps", flush=True)
-        for job in S.session_jobs(name, specs[name].kind):
+        for job in S.session_jobs(name, specs[name].kind, session_variants):
             variant = job["session_variant"]
             job.update(profile=profile, device=device, dtype=dtype, graphs_dir=str(work / f"{name}-session-{variant}-graphs"))
             cache = work / f"{name}-session-cache-{variant}"  # the restart keeps its session's Inductor cache

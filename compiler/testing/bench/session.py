@@ -140,10 +140,10 @@ def _variant(variant: str, restart: bool, module, spec, job) -> tuple:
 
 # -- in the parent ----------------------------------------------------------------------
 
-def session_jobs(model: str, kind: str) -> List[Dict[str, Any]]:
-    """The jobs of one model, in order (each restart right after its session)."""
+def session_jobs(model: str, kind: str, variants=SESSION_VARIANTS) -> List[Dict[str, Any]]:
+    """The jobs of one model, in order (each restart right after its session); `variants`: those asked for."""
     jobs = []
-    for variant in variants_for(kind):
+    for variant in (v for v in variants_for(kind) if v in variants):
         for restart in (False, True):
             if variant == "eager" and restart:
                 continue  # nothing to restart from
