@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from . import build_claims
+from . import build_claims, build_cores
 from .backends import DEFAULT_BACKEND, BackendUnavailable, CompiledGraph, CompileFailed, get_backend
 from .backends.base import (BuildInProcess, BuildLabel, CannotServe, CompileDeferred, GraphMismatch, GuardsUnknown,
                             PendingGraph, Progress, range_failure)
@@ -206,6 +206,7 @@ class CompiledForward:
         eager = eager or self.eager
         run_eager = lambda: eager(*args, **kwargs)  # noqa: E731
         family: Optional[FamilyKey] = None
+        build_cores.share()
         if self._building:
             self.land_builds()
         if eager_reason is not None:
@@ -427,6 +428,9 @@ class CompiledForward:
             reason = why
         else:
             reason = "first call for this model, dtype and input structure"
+        building = self._building.get(family.id)
+        if building is not None and options.background and not self._blocking:  # ours: no claim to look at
+            raise CompileDeferred(f"its graph is building in the background ({building.pending.seconds:.0f} s so far)")
         claim, graph = self._claim(family, call, progress)
         if graph is not None:
             return graph, None

@@ -63,13 +63,14 @@ def slowed():
         probes = []  # Inductor's CPU probe (compiles test programs) runs in the build process, not here
         probe = machine_fit._vec_isa
         monkeypatch.setattr(machine_fit, "_vec_isa", lambda: probes.append(1) or probe())
+        threads = torch.get_num_threads()
         difference = _served(unet, twin, 1, 16)
         state = dict(difference=difference, pending=forward.builds_pending, live=package_builds.live_builds(),
                      reason=forward.last.reason, eager=forward.last.eager, compiles=len(registry.compiles),
-                     probes=len(probes))
+                     probes=len(probes), threads=threads)
         difference = _served(unet, twin, 2, 8, 20)  # while building: eager, no second build
         state.update(second_difference=difference, second_live=package_builds.live_builds(),
-                     second_reason=forward.last.reason)
+                     second_reason=forward.last.reason, threads_while_building=torch.get_num_threads())
         yield unet, twin, registry, forward, state
         forward.cancel_builds()
 
@@ -81,10 +82,12 @@ def test_the_first_call_returns_eager_s_output_while_its_graph_builds(slowed):
     assert "building in the background" in state["reason"], state["reason"]
     assert state["second_difference"] == 0.0 and state["second_live"] == 1
     assert "building in the background" in state["second_reason"]
+    # The model's calls leave the running build its core (build_cores.py): one intra-op thread fewer.
+    assert state["threads_while_building"] == max(1, state["threads"] - 1), state
 
 
 def test_once_the_build_lands_every_size_runs_on_the_graph_and_equals_eager(slowed):
-    unet, twin, registry, forward, _ = slowed
+    unet, twin, registry, forward, state = slowed
     assert forward.wait_for_builds(timeout=600) == 1
     assert package_builds.live_builds() == 0 and forward.builds_pending == 0
     (compiled,) = registry.compiles
@@ -104,6 +107,7 @@ def test_once_the_build_lands_every_size_runs_on_the_graph_and_equals_eager(slow
         assert not forward.last.eager, forward.last.reason
     assert len(registry.compiles) == 1 and registry.mismatches == []
     assert _build_folders() == []
+    assert torch.get_num_threads() == state["threads"]  # no build runs: the first call after took them back
 
 
 def test_a_cancelled_build_leaves_no_process_and_no_files(monkeypatch):

@@ -48,6 +48,7 @@ _queue: List["PackageBuild"] = []  # started, waiting for a free slot
 _owners: Dict[str, List[int]] = {}  # owner id -> [builds started, builds ended] while it has builds
 _listeners: List[Callable[[], None]] = []
 _lock = threading.RLock()
+_running_count = 0  # children launched and not yet ended (read without the lock: build_cores.py, every call)
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,9 @@ class PackageBuild:
             self._ended()
             return
         self.launched = time.perf_counter()
+        global _running_count
+        with _lock:
+            _running_count += 1
         # The next waiting build starts when this one ends, whether or not anything calls the model meanwhile.
         threading.Thread(target=self._start_next_when_done, name="keepfast-build-watch", daemon=True).start()
 
@@ -190,9 +194,12 @@ class PackageBuild:
         _notify()
 
     def _ended(self) -> None:
+        global _running_count
         with _lock:
             if self.ended is None:
                 self.ended = time.perf_counter()
+                if self.launched is not None:
+                    _running_count -= 1
                 counts = _owners.get(self.label.group)
                 if counts is not None:
                     counts[1] += 1
@@ -351,6 +358,11 @@ def snapshot() -> Tuple[List[BuildView], Dict[str, Tuple[int, int]]]:
         builds = sorted(_live, key=lambda build: build.started)
         owners = {owner: (counts[0], counts[1]) for owner, counts in _owners.items()}
     return [build.view() for build in builds], owners
+
+
+def running_count() -> int:
+    """Build processes running now (a plain read: cheap enough for every model call)."""
+    return _running_count
 
 
 def live_builds() -> int:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.utils._pytree as pytree
 
-from .. import build_claims
+from .. import build_claims, build_cores
 from ..backends import BackendUnavailable, get_backend
 from ..backends.base import BuildInProcess, BuildLabel, CompiledGraph, CompileFailed
 from ..binding import CallBinder
@@ -607,6 +607,7 @@ class BlockServer:
             return engine.capture(self, instance, args, kwargs)
         if engine.scoped and not engine.serving_now():
             return instance.eager(args, kwargs)  # a caller that did not ask for graphs
+        build_cores.share()
         started, graph_calls = time.perf_counter(), instance.graph_calls
         try:
             return self._serve(instance, args, kwargs)
