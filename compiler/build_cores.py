@@ -23,14 +23,11 @@ fewer threads, and only while builds run.
 from __future__ import annotations
 
 import threading
-from typing import Dict, Tuple
-
 import torch
 
 from .backends import package_builds
 
-_state = threading.local()  # seen: running builds at this thread's last call; saved: its thread count before
-_saved: Dict[int, Tuple[int, int]] = {}  # thread id -> (threads before builds, threads set) for reports/tests
+_state = threading.local()  # seen: running builds at this thread's last call; before: its thread count before
 
 
 def share() -> None:
@@ -46,17 +43,9 @@ def share() -> None:
         wanted = max(1, before - running)
         if torch.get_num_threads() != wanted:
             torch.set_num_threads(wanted)
-        _saved[threading.get_ident()] = (before, wanted)
     elif before is not None:
         torch.set_num_threads(before)
         _state.before = None
-        _saved.pop(threading.get_ident(), None)
 
 
-def threads_given_up() -> int:
-    """Intra-op threads this thread gave to running builds at its last call (0 when none)."""
-    before, now = _saved.get(threading.get_ident(), (0, 0))
-    return before - now
-
-
-__all__ = ["share", "threads_given_up"]
+__all__ = ["share"]

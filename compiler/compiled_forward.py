@@ -497,10 +497,6 @@ class CompiledForward:
         """Start the family's build in a child process and run this call eager (CompileDeferred: not settled,
         a later call finds the graph once it lands). A backend that cannot build off the caller's process
         compiles now, as without the option."""
-        building = self._building.get(family.id)
-        if building is not None:
-            build_claims.release(claim)
-            raise CompileDeferred(f"its graph is building in the background ({building.pending.seconds:.0f} s so far)")
         key = GraphKey(family, self.options.shape_range)
         log.info("%s: building in the background (%s)", self.label, reason)
         try:

@@ -412,3 +412,46 @@ def image_difference(a, b) -> tuple:
     assert a.shape == b.shape, (a.shape, b.shape)
     diff = np.abs(a - b)
     return float(diff.mean()), float(diff.max())
+
+
+# -- queued runs as the background-build server tests count and compare them -----------------------------
+
+IMAGE_MEAN_TOLERANCE, IMAGE_MAX_TOLERANCE = 0.25, 4.0  # 0-255 pixel levels, as test_comfyui_server.py
+_prefixes = {"n": 0}
+
+
+def unique_prefix(prefix: str) -> str:
+    """A SaveImage filename prefix not used before in this test process."""
+    _prefixes["n"] += 1
+    return f"{prefix}_{_prefixes['n']:03d}"
+
+
+def run_counted(server, prompt: dict):
+    """(history entry, images, change of each stats count) of one queued prompt."""
+    before = server.counts()
+    entry = server.run(prompt)
+    after = server.counts()
+    return entry, server.images(entry), {key: after[key] - before[key] for key in after}
+
+
+def same_as_without_the_nodes(server, prompt: dict, images: list) -> None:
+    """The images equal those of the same prompt with the KeepFast nodes taken out (pixel tolerance)."""
+    plain = without_speedup(prompt)
+    for node_id in nodes_of(plain, "SaveImage"):
+        plain[node_id]["inputs"]["filename_prefix"] = unique_prefix("eager")
+    reference = server.images(server.run(plain))
+    assert len(images) == len(reference)
+    for a, b in zip(images, reference):
+        mean, largest = image_difference(a, b)
+        assert mean < IMAGE_MEAN_TOLERANCE and largest <= IMAGE_MAX_TOLERANCE, (mean, largest)
+
+
+def wait_for_builds(server, timeout: float = 1200) -> list:
+    """Wait until the server's background builds are all done; its stats' `background` list then."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        background = server.stats()["background"]
+        if all(entry["done"] >= entry["total"] for entry in background):
+            return background
+        time.sleep(1)
+    raise TimeoutError(f"background builds did not finish in {timeout} s: {server.stats()['background']}")

@@ -25,16 +25,6 @@ if not S.comfyui_available():
 
 pytestmark = pytest.mark.comfyui
 
-MEAN_TOLERANCE, MAX_TOLERANCE = 0.25, 4.0  # 0-255 pixel levels, as test_comfyui_server.py
-BUILD_TIMEOUT_S = 1200
-_names = {"n": 0}
-
-
-def _unique(prefix: str) -> str:
-    _names["n"] += 1
-    return f"{prefix}_{_names['n']:03d}"
-
-
 @pytest.fixture(scope="module")
 def comfy(tmp_path_factory):
     base = S.make_base(tmp_path_factory.mktemp("background-server"))
@@ -55,29 +45,11 @@ def txt2img(server, width=192, height=192, batch=1, seed=11) -> dict:
     prompt = S.ui_to_api(S.load_workflow("keepfast_txt2img"), server.object_info())
     S.set_inputs(prompt, "KSampler", steps=2, seed=seed)
     S.set_inputs(prompt, "EmptyLatentImage", width=width, height=height, batch_size=batch)
-    S.set_inputs(prompt, "SaveImage", filename_prefix=_unique("bg"))
+    S.set_inputs(prompt, "SaveImage", filename_prefix=S.unique_prefix("bg"))
     for kind in ("KeepFastModelSpeedup", "KeepFastVAESpeedup"):
         # The workflow does not set it: the page fills in the node's default.
         assert all(prompt[i]["inputs"].get("build") in (None, "in the background") for i in S.nodes_of(prompt, kind))
     return prompt
-
-
-def run(server, prompt):
-    before = server.counts()
-    entry = server.run(prompt)
-    after = server.counts()
-    return entry, server.images(entry), {key: after[key] - before[key] for key in after}
-
-
-def same_as_without_the_nodes(server, prompt, images) -> None:
-    plain = S.without_speedup(prompt)
-    for node_id in S.nodes_of(plain, "SaveImage"):
-        plain[node_id]["inputs"]["filename_prefix"] = _unique("eager")
-    reference = server.images(server.run(plain))
-    assert len(images) == len(reference)
-    for a, b in zip(images, reference):
-        mean, largest = S.image_difference(a, b)
-        assert mean < MEAN_TOLERANCE and largest <= MAX_TOLERANCE, (mean, largest)
 
 
 def _builds_of(temp: Path) -> list:
@@ -96,20 +68,10 @@ def _builds_of(temp: Path) -> list:
     return found
 
 
-def _wait_for_builds(server) -> list:
-    deadline = time.monotonic() + BUILD_TIMEOUT_S
-    while time.monotonic() < deadline:
-        background = server.stats()["background"]
-        if all(entry["done"] >= entry["total"] for entry in background):
-            return background
-        time.sleep(1)
-    raise TimeoutError(f"background builds did not finish in {BUILD_TIMEOUT_S} s: {server.stats()['background']}")
-
-
 @pytest.fixture(scope="module")
 def stopped(comfy):
     server, temp = comfy
-    entry, images, delta = run(server, txt2img(server))
+    entry, images, delta = S.run_counted(server, txt2img(server))
     during = server.stats()["background"]
     building = _builds_of(temp)
     server.process.send_signal(signal.SIGTERM)
@@ -133,14 +95,14 @@ def test_stopping_comfyui_mid_build_leaves_no_build_process_and_no_files(stopped
 def queued_twice(comfy, stopped):
     server, _ = comfy
     prompt = txt2img(server)
-    first = run(server, prompt)
+    first = S.run_counted(server, prompt)
     first_stats = server.stats()
     first_texts = server.texts(first[0])
-    background = _wait_for_builds(server)
+    background = S.wait_for_builds(server)
     again = txt2img(server, seed=12)
-    second = run(server, again)
+    second = S.run_counted(server, again)
     third_prompt = txt2img(server, width=256, height=192, batch=2, seed=13)
-    third = run(server, third_prompt)
+    third = S.run_counted(server, third_prompt)
     return dict(server=server, prompts=(prompt, again, third_prompt), runs=(first, second, third),
                 first_stats=first_stats, first_texts=first_texts, background=background)
 
@@ -153,7 +115,7 @@ def test_the_first_run_finishes_uncompiled_with_the_builds_in_flight(queued_twic
     assert any("UNet" in owner for owner in owners) and any("VAE decode" in owner for owner in owners), owners
     stats_text = next(t for t in queued_twice["first_texts"].values() if "unet_graph_calls" in t)
     assert "building in the background:" in stats_text, stats_text
-    same_as_without_the_nodes(server, prompt, images)
+    S.same_as_without_the_nodes(server, prompt, images)
 
 
 def test_the_second_run_takes_the_graphs_in_and_runs_from_them(queued_twice):
@@ -165,7 +127,7 @@ def test_the_second_run_takes_the_graphs_in_and_runs_from_them(queued_twice):
     assert delta["vae_graph_calls"] > 0 and delta["vae_eager_calls"] == 0, delta
     compiles = [m["reason"] for m in server.stats()["messages"] if m["kind"] == "compile"]
     assert compiles and all("built in the background" in reason for reason in compiles), compiles
-    same_as_without_the_nodes(server, again, images)
+    S.same_as_without_the_nodes(server, again, images)
 
 
 def test_a_third_run_at_another_size_and_batch_compiles_nothing(queued_twice):
@@ -174,4 +136,4 @@ def test_a_third_run_at_another_size_and_batch_compiles_nothing(queued_twice):
     assert delta["compiles"] == 0 and delta["fallbacks"] == 0, delta
     assert delta["unet_graph_calls"] > 0 and delta["unet_eager_calls"] == 0, delta
     assert server.stats()["background"] == []
-    same_as_without_the_nodes(server, third_prompt, images)
+    S.same_as_without_the_nodes(server, third_prompt, images)

@@ -13,7 +13,6 @@ to the workflow without the nodes; no claim file is left.
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
@@ -24,54 +23,22 @@ if not S.comfyui_available():
 
 pytestmark = pytest.mark.comfyui
 
-MEAN_TOLERANCE, MAX_TOLERANCE = 0.25, 4.0  # 0-255 pixel levels, as test_comfyui_server.py
-BUILD_TIMEOUT_S = 1200
-_names = {"n": 0}
-
-
-def _unique(prefix: str) -> str:
-    _names["n"] += 1
-    return f"{prefix}_{_names['n']:03d}"
-
-
 def txt2img(server, seed: int) -> dict:
     prompt = S.ui_to_api(S.load_workflow("keepfast_txt2img"), server.object_info())
     S.set_inputs(prompt, "KSampler", steps=2, seed=seed)
     S.set_inputs(prompt, "EmptyLatentImage", width=192, height=192, batch_size=1)
-    S.set_inputs(prompt, "SaveImage", filename_prefix=_unique("shared"))
+    S.set_inputs(prompt, "SaveImage", filename_prefix=S.unique_prefix("shared"))
     S.set_inputs(prompt, "KeepFastModelSpeedup", save_compiled=True)
     return prompt
 
 
 def run(server, prompt):
-    before = server.counts()
-    entry = server.run(prompt)
-    after = server.counts()
-    return server.images(entry), {key: after[key] - before[key] for key in after}
-
-
-def same_as_without_the_nodes(server, prompt, images) -> None:
-    plain = S.without_speedup(prompt)
-    for node_id in S.nodes_of(plain, "SaveImage"):
-        plain[node_id]["inputs"]["filename_prefix"] = _unique("eager")
-    reference = server.images(server.run(plain))
-    assert len(images) == len(reference)
-    for a, b in zip(images, reference):
-        mean, largest = S.image_difference(a, b)
-        assert mean < MEAN_TOLERANCE and largest <= MAX_TOLERANCE, (mean, largest)
+    _, images, delta = S.run_counted(server, prompt)
+    return images, delta
 
 
 def _claims(graphs) -> list:
     return sorted(str(p) for p in graphs.rglob(".building-*"))
-
-
-def _wait_for_builds(server) -> None:
-    deadline = time.monotonic() + BUILD_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if all(entry["done"] >= entry["total"] for entry in server.stats()["background"]):
-            return
-        time.sleep(1)
-    raise TimeoutError(f"background builds did not finish in {BUILD_TIMEOUT_S} s: {server.stats()['background']}")
 
 
 def _unet_messages(server, kind: str) -> list:
@@ -112,7 +79,7 @@ def runs(two_servers):
     b_first = run(b, b_prompt)
     b_background = b.stats()["background"]
     b_fallbacks = [m["reason"] for m in b.stats()["messages"] if m["kind"] == "fallback"]
-    _wait_for_builds(a)
+    S.wait_for_builds(a)
     a_second = run(a, txt2img(a, seed=23))
     claims_after = _claims(graphs)
     b_again = txt2img(b, seed=24)
@@ -131,7 +98,7 @@ def test_the_second_server_builds_no_unet_graph_while_the_first_builds_it(runs):
     assert not any("UNet" in owner for owner in owners), owners  # its VAE builds: VAE graphs are not saved
     assert any(f"being built by process {a.process.pid}" in reason for reason in runs["b_fallbacks"]), \
         runs["b_fallbacks"]
-    same_as_without_the_nodes(b, runs["b_prompts"][0], images)
+    S.same_as_without_the_nodes(b, runs["b_prompts"][0], images)
 
 
 def test_the_second_server_loads_the_graph_the_first_wrote(runs):
@@ -141,4 +108,4 @@ def test_the_second_server_loads_the_graph_the_first_wrote(runs):
     images, delta = runs["b_runs"][1]
     assert delta["unet_graph_calls"] > 0 and delta["unet_eager_calls"] == 0 and delta["mismatches"] == 0, delta
     assert _unet_messages(b, "compile") == [] and _unet_messages(b, "load"), b.stats()["messages"]
-    same_as_without_the_nodes(b, runs["b_prompts"][1], images)
+    S.same_as_without_the_nodes(b, runs["b_prompts"][1], images)
