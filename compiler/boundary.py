@@ -15,7 +15,7 @@ import contextlib
 import logging
 from typing import Iterator
 
-from .backends.base import CannotServe, CompileDeferred, GraphMismatch, GuardsUnknown
+from .backends.base import CannotServe, CompileDeferred, CompileFailed, GraphMismatch, GuardsUnknown
 from .binding import CallDoesNotBind
 from .signature import UnsupportedCall
 
@@ -43,6 +43,13 @@ def stage(name: str) -> Iterator[None]:
         raise
     except Exception as error:
         raise Failure(name, error) from error
+
+
+def expected_failure(error: Exception) -> Exception:
+    """A failed build's CompileFailed as it was raised, where `stage` wrapped it: its reason, not a pack bug's."""
+    if isinstance(error, Failure) and isinstance(error.error, CompileFailed):
+        return error.error
+    return error
 
 
 def contain(label: str, error: Exception, default_stage: str) -> Failure:

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 
 from . import build_times
 from .backends import package_builds
-from .backends.package_builds import BUILDING, BUILT, FAILED, WAITING, BuildView
+from .backends.package_builds import BUILDING, BUILT, FAILED, TRACING, WAITING, BuildView
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class BuildProgress:
     families: Tuple[str, ...]  # the page finds the node that made the model by these
     done: int  # builds ended (built or failed) since this model's first build in flight began
     total: int
-    building: Tuple[str, ...]  # graphs whose build runs now
+    building: Tuple[str, ...]  # graphs whose build (or its trace: "... (tracing)") runs now
     ready: int  # built, taken in at the model's next call
     failed: int
     left_s: Optional[float]  # None: never built anything here yet, so no estimate
@@ -75,7 +75,7 @@ def _finish_times(views: List[BuildView], slots: int) -> List[Optional[float]]:
     while len(free) < slots:
         heapq.heappush(free, 0.0)
     for index, view in enumerate(views):
-        if view.state != WAITING:
+        if view.state not in (WAITING, TRACING):  # a build being traced takes a slot once traced
             continue
         usual = build_times.estimate(view.label.times_key, times)
         start = heapq.heappop(free)
@@ -96,12 +96,13 @@ def progress() -> List[BuildProgress]:
     out = []
     for group, entries in grouped.items():
         started, ended = owners.get(group, (len(entries), 0))
-        pending = [(view, end) for view, end in entries if view.state in (WAITING, BUILDING)]
+        pending = [(view, end) for view, end in entries if view.state in (TRACING, WAITING, BUILDING)]
         left = None if any(end is None for _, end in pending) else max((end for _, end in pending), default=0.0)
         families = tuple(dict.fromkeys(view.label.family for view, _ in entries if view.label.family))
         out.append(BuildProgress(
             owner=entries[0][0].label.owner, owner_id=group, families=families, done=ended, total=max(started, ended),
-            building=tuple(view.label.what for view, _ in entries if view.state == BUILDING),
+            building=tuple(view.label.what + (" (tracing)" if view.state == TRACING else "")
+                           for view, _ in entries if view.state in (TRACING, BUILDING)),
             ready=sum(1 for view, _ in entries if view.state == BUILT),
             failed=sum(1 for view, _ in entries if view.state == FAILED), left_s=left))
     return out

@@ -30,7 +30,7 @@ from .backends import DEFAULT_BACKEND, BackendUnavailable, CompiledGraph, Compil
 from .backends.base import (BuildInProcess, BuildLabel, CannotServe, CompileDeferred, GraphMismatch, GuardsUnknown,
                             PendingGraph, Progress, range_failure)
 from .binding import CallBinder, CallDoesNotBind
-from .boundary import Failure, contain, stage
+from .boundary import Failure, contain, expected_failure, stage
 from .flat_module import ForwardFn
 from .keys import FamilyKey, GraphKey
 from .library import GraphLibrary
@@ -539,6 +539,7 @@ class CompiledForward:
                     with stage("taking in a graph built in the background"), third_party_quiet():
                         graph = building.pending.finish(self.module)
                 except Exception as error:  # noqa: BLE001 - the boundary: a failed build costs speed only
+                    error = expected_failure(error)
                     why = f"compile failed: {error}" if isinstance(error, CompileFailed) else \
                         f"compile failed: {type(error).__name__}: {error}"
                     self._compile_failed[family_id] = why

@@ -119,6 +119,19 @@ def run_folder() -> Path:
         return _run.folder
 
 
+def leave_parents_run() -> None:
+    """In a forked child: close its copy of the parent's run lock (an flock lives while any copy is open, so the
+    child's copy would keep a dead parent's folder from being swept), without taking the parent's lock object."""
+    global _run
+    run = _run
+    if run is not None and run.pid != os.getpid():
+        try:
+            os.close(run.fd)
+        except OSError:
+            pass
+        _run = None
+
+
 @atexit.register
 def _remove_own() -> None:
     global _run
@@ -206,4 +219,4 @@ def sweep() -> List[Path]:
     return removed
 
 
-__all__ = ["ExtractionError", "extract", "remove", "root", "run_folder", "sweep"]
+__all__ = ["ExtractionError", "extract", "remove", "root", "run_folder", "sweep", "leave_parents_run"]

@@ -382,13 +382,19 @@ class AotBackend(Backend):
 
     def start_compile(self, module, forward_fn, call: FlatCall, key: GraphKey,
                       label: Optional[BuildLabel] = None) -> "AotPending":
-        """Trace now (it reads the module), build the package in a child process (package_builds.py)."""
-        traced = trace(module, forward_fn, call, key.shape_range)
-        if traced.flat.out_spec is None:
-            raise CompileFailed("the model's output structure was not seen while tracing")
+        """Trace and build the package off this process: the trace in a fork of it where one can (it reads the
+        module as it is now: forked_trace.py), else here; the package in a child process (package_builds.py)."""
+        def traced() -> Tuple[Any, dict]:
+            result = trace(module, forward_fn, call, key.shape_range)
+            if result.flat.out_spec is None:
+                raise CompileFailed("the model's output structure was not seen while tracing")
+            return result.ep, {"guards": result.guards, "widened": result.widened,
+                               "out_spec": dump_out_spec(result.flat.out_spec)}
+
         # The CPU level is picked in the build process (Inductor's probe compiles test programs: not here).
-        return AotPending(self, module, forward_fn, call, key, traced,
-                          package_builds.start(traced.ep, dict(PACKAGE_CONFIG), label or UNLABELLED, probe=True))
+        build = package_builds.start_traced(traced, list(call.tensors), dict(PACKAGE_CONFIG), label or UNLABELLED,
+                                            probe=True)
+        return AotPending(self, module, forward_fn, call, key, build)
 
     def _checked_at_one(self, graph: "AotGraph", flat: FlatForward, module, call: FlatCall,
                         key: GraphKey) -> "AotGraph":
@@ -418,8 +424,9 @@ class AotBackend(Backend):
     def finish_compile(self, pending: "AotPending", module) -> AotGraph:
         """The graph of a background build, checked as `compile` checks one (the rare second trace at 1 runs
         here, in the caller's process)."""
+        built = read_built(pending.build)  # first: a failed trace raises its reason here
         traced, call, key = pending.traced, pending.call, pending.key
-        graph = _graph(traced, call, key, read_built(pending.build))
+        graph = _graph(traced, call, key, built)
         if traced.widened and size_one_disagreement(graph, module, traced.flat, call) is not None:
             traced = trace(module, pending.forward_fn, call, key.shape_range, widen=False)
             graph = self._build(traced, call, key, no_progress)
@@ -438,12 +445,20 @@ def _graph(traced: Traced, call: FlatCall, key: GraphKey, built: Tuple[bytes, Li
 
 
 class AotPending(PendingGraph):
-    """A graph traced here whose package builds in a child process (package_builds.py)."""
+    """A graph traced (in a fork of this process, or here) whose package builds in a child process."""
 
-    def __init__(self, backend: AotBackend, module, forward_fn, call: FlatCall, key: GraphKey, traced: Traced,
+    def __init__(self, backend: AotBackend, module, forward_fn, call: FlatCall, key: GraphKey,
                  build: "package_builds.PackageBuild"):
         self.backend, self.forward_fn, self.call, self.key = backend, forward_fn, call, key
-        self.traced, self.build = traced, build
+        self.module, self.build = module, build
+
+    @property
+    def traced(self) -> Traced:
+        """What the trace found (once the build finished): its program stays with the build."""
+        found = self.build.traced or {}
+        flat = FlatForward(self.module, self.forward_fn, self.call)
+        flat._seen.out_spec = load_out_spec(found.get("out_spec"))
+        return Traced(None, flat, list(found.get("guards", [])), found.get("widened", ""))
 
     @property
     def seconds(self) -> float:

@@ -36,6 +36,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 import torch
 
 from .. import build_times, extraction
+from . import forked_trace
 from .base import UNLABELLED, BuildInProcess, BuildLabel, CompileFailed
 
 CHILD = Path(__file__).with_name("package_build_child.py")
@@ -56,11 +57,11 @@ class BuildView:
     """One build as status reports see it."""
 
     label: BuildLabel
-    state: str  # WAITING, BUILDING, BUILT (waiting to be taken in) or FAILED
-    running_s: float  # seconds since its child started (0 while waiting)
+    state: str  # TRACING, WAITING, BUILDING, BUILT (waiting to be taken in) or FAILED
+    running_s: float  # seconds since its child started (0 while waiting; since the trace began while tracing)
 
 
-WAITING, BUILDING, BUILT, FAILED = "waiting", "building", "built", "failed"
+TRACING, WAITING, BUILDING, BUILT, FAILED = "tracing", "waiting", "building", "built", "failed"
 
 
 def add_listener(listener: Callable[[], None]) -> None:
@@ -155,6 +156,10 @@ class PackageBuild:
         # What the child built for (machine_fit.build_probe: march, vector ISA and its flags), once read;
         # None where the caller chose the configuration itself.
         self.probe: Optional[dict] = None
+        # start_traced: the forked process tracing the program (None: traced in the caller), and what the
+        # trace says besides the program (guards, output structure), once it ended.
+        self.tracer: Optional[forked_trace.ForkedTrace] = None
+        self.traced: Optional[dict] = None
 
     def _launch(self) -> None:
         try:
@@ -204,7 +209,39 @@ class PackageBuild:
                 if counts is not None:
                     counts[1] += 1
 
+    def _queue_when_traced(self) -> None:
+        """The watcher of a forked trace: queue the build once the program is written, or fail it with why."""
+        global _running_count
+        tracer = self.tracer
+        tracer.wait()
+        with _lock:
+            _running_count -= 1
+            cancelled = self not in _live
+        if cancelled:  # killed by cancel(), which removed its folder
+            self.failed_to_start = "cancelled"
+            self._ended()
+            return
+        failure = tracer.failure()
+        if failure is None:
+            try:
+                self.traced = json.loads((self.folder / TRACED).read_text())
+            except (OSError, ValueError) as error:
+                failure = {"kind": "fork", "message": f"the trace process left no readable result ({error})"}
+        if failure is not None:
+            if failure["kind"] in ("in_process", "fork"):  # not the model's doing: trace here from now on
+                forked_trace.disable(f"a trace in a forked process failed ({failure['message']})")
+            self.failed_to_start = failure["message"]
+            self._ended()
+        else:
+            with _lock:
+                if self in _live:  # not cancelled meanwhile
+                    _queue.append(self)
+            _pump()
+        _notify()
+
     def view(self) -> BuildView:
+        if self._tracing():
+            return BuildView(self.label, TRACING, time.perf_counter() - self.started)
         if self.waiting:
             return BuildView(self.label, WAITING, 0.0)
         if self._running():
@@ -216,8 +253,11 @@ class PackageBuild:
     def waiting(self) -> bool:
         return self.process is None and self.failed_to_start is None
 
+    def _tracing(self) -> bool:
+        return self.tracer is not None and self.traced is None and self.failed_to_start is None
+
     def _running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self._tracing() or (self.process is not None and self.process.poll() is None)
 
     @property
     def seconds(self) -> float:
@@ -261,7 +301,9 @@ class PackageBuild:
         with _lock:
             if self in _queue:
                 _queue.remove(self)
-        if self._running():
+        if self.tracer is not None and self.tracer.running():
+            self.tracer.kill()  # its watcher reaps it and, the build no longer live, queues nothing
+        if self.process is not None and self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)  # the child and the compilers it started
             except OSError:
@@ -322,6 +364,32 @@ def _pump() -> None:
             _queue.pop(0)._launch()
 
 
+TRACED = "traced.json"  # what a forked trace says besides the program
+
+
+def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, folder: Path) -> None:
+    """The build's inputs in its folder: the program without its weights, their layout, the configuration."""
+    light, layout = weightless(ep)
+    job = {"weights": layout, "configs": configs, "imports": operator_modules(ep)}
+    if probe:
+        job["probe"] = str(MACHINE_FIT)
+    try:
+        torch.export.save(light, str(folder / "program.pt2"))
+        (folder / "job.json").write_text(json.dumps(job))
+    except Exception as error:  # noqa: BLE001 - a build that cannot start is a failed compile
+        raise CompileFailed(f"the package build could not start: {type(error).__name__}: {error}") from error
+
+
+def _new_build(folder: Path, label: BuildLabel, queued: bool) -> PackageBuild:
+    build = PackageBuild(folder, label)
+    with _lock:
+        _live.add(build)
+        if queued:
+            _queue.append(build)
+        _owners.setdefault(label.group, [0, 0])[0] += 1
+    return build
+
+
 def start(ep: "torch.export.ExportedProgram", configs: dict, label: BuildLabel = UNLABELLED,
           probe: bool = False) -> PackageBuild:
     """Start building `ep`'s package (weights left out) in a child process; `label` says what for.
@@ -329,24 +397,53 @@ def start(ep: "torch.export.ExportedProgram", configs: dict, label: BuildLabel =
     `probe`: the child picks the CPU level to build for (machine_fit.build_probe, Inductor's ISA probe,
     which compiles test programs) and adds it to `configs`; `PackageBuild.probe` says what it found. The
     caller then never runs the probe on the path of the call that started the build."""
-    light, layout = weightless(ep)
-    imports = operator_modules(ep)
     folder = Path(tempfile.mkdtemp(prefix="build-", dir=extraction.run_folder()))
-    job = {"weights": layout, "configs": configs, "imports": imports}
-    if probe:
-        job["probe"] = str(MACHINE_FIT)
     try:
-        torch.export.save(light, str(folder / "program.pt2"))
-        (folder / "job.json").write_text(json.dumps(job))
-    except Exception as error:  # noqa: BLE001 - a build that cannot start is a failed compile
+        _write_job(ep, configs, probe, folder)
+    except Exception:
         shutil.rmtree(folder, ignore_errors=True)
-        raise CompileFailed(f"the package build could not start: {type(error).__name__}: {error}") from error
-    build = PackageBuild(folder, label)
-    with _lock:
-        _live.add(build)
-        _queue.append(build)
-        _owners.setdefault(label.group, [0, 0])[0] += 1
+        raise
+    build = _new_build(folder, label, queued=True)
     _pump()
+    _notify()
+    return build
+
+
+Trace = Callable[[], Tuple["torch.export.ExportedProgram", dict]]
+
+
+def start_traced(trace: Trace, tensors: List[torch.Tensor], configs: dict, label: BuildLabel = UNLABELLED,
+                 probe: bool = False) -> PackageBuild:
+    """Trace (`trace()` -> (program, a JSON-able dict of what else the trace found)) and build, off this process
+    where it can fork (forked_trace.py: a call with `tensors` on the CPU, no CUDA here), else trace here first.
+
+    The dict is the build's `traced` once the trace ended. Traced here, the trace's errors (CompileFailed,
+    BuildInProcess) are raised now; traced in a fork, they are the build's failure (`result()` raises it)."""
+    why = forked_trace.unavailable(tensors)
+    if why is not None:
+        ep, traced = trace()
+        build = start(ep, configs, label, probe)
+        build.traced = traced
+        return build
+    folder = Path(tempfile.mkdtemp(prefix="build-", dir=extraction.run_folder()))
+
+    def in_the_fork() -> None:
+        ep, traced = trace()
+        _write_job(ep, configs, probe, folder)
+        (folder / TRACED).write_text(json.dumps(traced))
+
+    global _running_count
+    try:
+        tracer = forked_trace.start(in_the_fork, folder / "trace-error.json")
+    except OSError as error:  # no fork now (memory, process limits): trace here
+        shutil.rmtree(folder, ignore_errors=True)
+        forked_trace.disable(f"fork failed: {error}")
+        return start_traced(trace, tensors, configs, label, probe)
+    build = _new_build(folder, label, queued=False)
+    build.tracer = tracer
+    with _lock:
+        _running_count += 1  # the trace takes a core: model calls leave it one (build_cores.py)
+    threading.Thread(target=build._queue_when_traced, name="keepfast-trace-watch", daemon=True).start()
     _notify()
     return build
 
@@ -369,6 +466,12 @@ def live_builds() -> int:
     """Builds whose child is still running (for tests and the page)."""
     with _lock:
         return sum(1 for build in _live if build._running())
+
+
+def tracing_builds() -> int:
+    """Builds whose program is still being traced in a forked process (forked_trace.py)."""
+    with _lock:
+        return sum(1 for build in _live if build._tracing())
 
 
 def waiting_builds() -> int:

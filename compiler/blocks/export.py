@@ -185,12 +185,27 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
 
 
 class BlockBuild:
-    """A traced block whose package builds in a child process (backends/package_builds.py)."""
+    """A block traced (in a fork of this process, or here: backends/forked_trace.py) whose package builds in a
+    child process (backends/package_builds.py). Traced here, the trace's CompileFailed is raised now."""
 
-    def __init__(self, traced: TracedBlock, label: BuildLabel):
-        self.traced = traced
+    def __init__(self, module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: GraphKey, label: BuildLabel,
+                 forward: Callable = _own_forward,
+                 tracing: Callable[[torch.nn.Module], ContextManager] = lambda module: contextlib.nullcontext()):
+        self.call, self.bounds, self.key = call, bounds, key
+
+        def traced() -> Tuple[Any, dict]:
+            block = trace_block(module, call, bounds, key, forward, tracing)
+            return block.program, {"guards": block.guards, "out_spec": block.out_spec}
+
         # The CPU level is picked in the build process (Inductor's probe compiles test programs: not here).
-        self.build = package_builds.start(traced.program, dict(PACKAGE_CONFIG), label, probe=True)
+        self.build = package_builds.start_traced(traced, list(call.tensors), dict(PACKAGE_CONFIG), label, probe=True)
+
+    @property
+    def traced(self) -> TracedBlock:
+        """What the trace found (once the build finished): its program stays with the build."""
+        found = self.build.traced or {}
+        return TracedBlock(None, list(found.get("guards", [])), found.get("out_spec", ""), self.call, self.bounds,
+                           self.key)
 
     @property
     def seconds(self) -> float:

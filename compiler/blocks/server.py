@@ -28,7 +28,7 @@ from .. import build_claims, build_cores
 from ..backends import BackendUnavailable, get_backend
 from ..backends.base import BuildInProcess, BuildLabel, CompiledGraph, CompileFailed
 from ..binding import CallBinder
-from ..boundary import Failure, contain, stage
+from ..boundary import Failure, contain, expected_failure, stage
 from ..environment import dtype_name
 from ..keys import FamilyKey, GraphKey
 from ..quiet import third_party_quiet
@@ -38,7 +38,7 @@ from ..store import GraphRefused, StoreError
 from ..verify import Snapshot, compare, judge, retired_reason, snapshot
 from . import tokens as T
 from .binding import InstanceWeights, SharedRunner
-from .export import BlockBuild, package_block, trace_block
+from .export import BlockBuild, package_block
 from .finder import BlockGroup
 
 log = logging.getLogger("keepfast")
@@ -375,11 +375,10 @@ class BlockServer:
         family = key.family
         try:
             with third_party_quiet():
-                self.pending = BlockBuild(trace_block(self.group.modules[0], call, bounds, key,
-                                                      forward=self.engine.family.block_forward,
-                                                      tracing=self.engine.family.tracing),
+                self.pending = BlockBuild(self.group.modules[0], call, bounds, key,
                                           BuildLabel(owner=self.engine.label, what=f"block {self.group.class_name}",
-                                                     family=family.id, owner_id=f"{self.engine.label}@{id(self.engine):x}"))
+                                                     family=family.id, owner_id=f"{self.engine.label}@{id(self.engine):x}"),
+                                          forward=self.engine.family.block_forward, tracing=self.engine.family.tracing)
         except BuildInProcess as why:
             log.info("%s: building in this process: %s", self.label, why)
             return None
@@ -409,6 +408,7 @@ class BlockServer:
                 graph, notes = package_block(pending.traced, pending.package(), check_unit_sizes=lambda candidate,
                                              units: self._check_unit_sizes(candidate, units, call))
         except Exception as error:  # noqa: BLE001 - a failed build costs speed only
+            error = expected_failure(error)
             text = str(error) if isinstance(error, CompileFailed) else f"{type(error).__name__}: {error}"
             self.reason = engine.compile_failures[family.id] = f"compile failed: {text}"
             log.warning("%s: the background build failed: %s", self.label, self.reason)

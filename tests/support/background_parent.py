@@ -2,8 +2,12 @@
 (tests/test_background_builds.py: what a ComfyUI stopped with SIGTERM or SIGKILL leaves).
 
     python background_parent.py   (KEEPFAST_TEST_BUILD_DELAY_S long: the build is still running when killed)
+
+With KEEPFAST_TEST_STOP_IN_TRACE=1 the trace (in a forked process) sleeps, and the pid printed is the trace
+process's (tests/test_forked_trace.py).
 """
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,12 +24,20 @@ from compiler.registry import GraphRegistry  # noqa: E402
 from compiler.testing.tiny_models import prompt_embeds, tiny_unet  # noqa: E402
 
 package_builds.CHILD = Path(__file__).with_name("slow_build_child.py")
+in_trace = os.environ.get("KEEPFAST_TEST_STOP_IN_TRACE") == "1"
+if in_trace:
+    from compiler.backends import aot  # noqa: E402
+
+    aot.trace = lambda *args, **kwargs: time.sleep(3600)
 unet = tiny_unet(seed=6)
 forward = compile_module(unet, CompileOptions(shape_range=ShapeRange(batch=(1, 2), spatial=(8, 16)),
                                               background=True), GraphRegistry())
 with torch.no_grad():
     unet(torch.randn(1, 4, 8, 8), torch.tensor(500.0), prompt_embeds(1, 77), return_dict=False)
 (build,) = package_builds._live
+if in_trace:
+    print(build.tracer.pid, run_folder(), flush=True)
+    time.sleep(3600)
 while build.process is None:
     time.sleep(0.05)
 print(build.process.pid, run_folder(), flush=True)

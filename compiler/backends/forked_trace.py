@@ -1,0 +1,207 @@
+"""torch.export in a forked copy of this process, so that the call that starts a background build does not wait for it.
+
+A background build still had to trace in the caller: torch.export reads the live module, and that trace was
+most of what the first image paid over eager (5.2 s of a quick SD1.5 UNet's 9.0 s first image on a 2-core
+CPU). It cannot run on another thread beside the model: while it traces, torch.fx patches
+`torch.nn.Module.__call__` for the whole process and export turns mkldnn and cuDNN off process-wide, so a model
+call on another thread runs into the tracer (tried on torch 2.13: the trace failed with "ProxyTorchDispatchMode
+slot already occupied" and "CURRENT_PATCHER is None"). A child started from scratch would need the live module
+as ComfyUI patched it, wrappers and all; a fork has it as it is, copy-on-write, with nothing pickled.
+
+Where it cannot: a process that has used CUDA (a forked child cannot use CUDA, and tracing fake CUDA tensors
+initialises it), tensors on any device but the CPU, a platform without fork, or KEEPFAST_TRACE_PROCESS=0: the
+trace then runs in the caller, as before. The child runs at a lower priority with one intra-op thread, dies with
+this process (PR_SET_PDEATHSIG), never returns into the caller's code (os._exit, whatever happens), and is
+killed when it runs longer than KEEPFAST_TRACE_TIMEOUT_S (default 300).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from .. import extraction
+
+log = logging.getLogger(__name__)
+
+ENV = "KEEPFAST_TRACE_PROCESS"
+TIMEOUT_ENV = "KEEPFAST_TRACE_TIMEOUT_S"
+_PR_SET_PDEATHSIG = 1
+KINDS = {"CompileFailed": "compile", "BuildInProcess": "in_process"}  # the child's error -> its kind
+_disabled: Optional[str] = None  # why this process traces in the caller from now on (set once a fork misbehaved)
+
+
+def unavailable(tensors: Iterable[torch.Tensor]) -> Optional[str]:
+    """Why a trace of a call with these tensors must run in this process (None: it can run in a fork)."""
+    if os.environ.get(ENV, "1") == "0":
+        return f"{ENV}=0"
+    if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
+        return "this platform has no fork with a parent-death signal"
+    if _disabled is not None:
+        return _disabled
+    if torch.cuda.is_initialized():
+        return "this process uses CUDA, which a forked process cannot"
+    for tensor in tensors:
+        if tensor.device.type != "cpu":
+            return f"the call has tensors on {tensor.device.type}"
+    return None
+
+
+def disable(reason: str) -> None:
+    """Trace in the caller from now on (a forked trace failed in a way a fork should not)."""
+    global _disabled
+    if _disabled is None:
+        log.warning("graphs are traced in this process from now on (the first call of each waits for it): %s", reason)
+    _disabled = reason
+
+
+def _timeout() -> float:
+    value = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        return float(value) if value else 300.0
+    except ValueError:
+        return 300.0
+
+
+class ForkedTrace:
+    """One forked child running `work()`; `failure()` says why it ended without success."""
+
+    def __init__(self, work: Callable[[], None], error_file: Path):
+        self.error_file = error_file
+        self.started = time.perf_counter()
+        self.ended: Optional[float] = None
+        self.status: Optional[int] = None  # os.waitpid's status, once reaped
+        self.timed_out = False
+        self.pid = _fork(work, error_file)
+        self._reaped = threading.Event()
+
+    def running(self) -> bool:
+        return not self._reaped.is_set()
+
+    def wait(self) -> None:
+        """Wait for the child (killing it past the timeout) and reap it; called by one watcher thread."""
+        deadline = time.monotonic() + _timeout()
+        while True:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere (a SIGCHLD handler that reaps all): nothing to read
+                pid, status = self.pid, -1
+            if pid == self.pid:
+                break
+            if time.monotonic() > deadline and not self.timed_out:
+                self.timed_out = True
+                self.kill()
+            time.sleep(0.02)
+        self.status = status
+        self.ended = time.perf_counter()
+        self._reaped.set()
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def failure(self) -> Optional[dict]:
+        """None when the child succeeded, else {"kind": ..., "message": ...}: the child's error, or how it ended."""
+        if self.status == 0:
+            return None
+        try:
+            error = json.loads(self.error_file.read_text())
+            if isinstance(error, dict) and "message" in error:
+                return error
+        except (OSError, ValueError):
+            pass
+        if self.timed_out:
+            return {"kind": "fork", "message": f"the trace process ran longer than {_timeout():.0f} s "
+                    f"({TIMEOUT_ENV}) and was stopped"}
+        if self.status is not None and self.status > 0 and os.WIFSIGNALED(self.status):
+            return {"kind": "fork", "message": f"the trace process was killed by signal {os.WTERMSIG(self.status)}"}
+        code = os.WEXITSTATUS(self.status) if self.status is not None and self.status > 0 else self.status
+        return {"kind": "fork", "message": f"the trace process ended with status {code} and no message"}
+
+
+def _fork(work: Callable[[], None], error_file: Path) -> int:
+    parent = os.getpid()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()  # nothing buffered here is written twice
+        except Exception:  # noqa: BLE001 - a closed or odd stream
+            pass
+    pid = os.fork()
+    if pid:
+        return pid
+    status = 1  # the child: never returns into the caller's code
+    try:
+        _become_child(parent)
+        work()
+        status = 0
+    except _ParentGone:
+        pass
+    except BaseException as error:  # noqa: BLE001 - everything becomes the child's message
+        kind = KINDS.get(type(error).__name__, "error")
+        message = f"{type(error).__name__}: {error}" if kind == "error" else str(error)
+        try:
+            error_file.write_text(json.dumps({"kind": kind, "message": message}))
+        except Exception:  # noqa: BLE001
+            pass
+    finally:
+        try:
+            if os.getppid() != parent:  # the parent is gone: remove what it left, as its build processes do
+                extraction.sweep()
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+        except BaseException:  # noqa: BLE001 - nothing may keep this process from ending here
+            pass
+        os._exit(status)
+
+
+class _ParentGone(BaseException):
+    """Raised in the child by the parent-death signal (a BaseException: nothing in the traced code catches it)."""
+
+
+def _become_child(parent: int) -> None:
+    """End with the parent, yield the cores to it, and compute on one thread (OpenMP's pool is the parent's).
+
+    The parent-death signal is SIGTERM, handled: the kernel also sends it when the thread that forked ends
+    while the process lives on, which is no reason to stop. The child's copy of the parent's run lock is closed
+    (extraction.py), so the parent's folder can be swept once the parent is gone."""
+    import ctypes
+
+    def parent_gone(signum, frame) -> None:
+        if os.getppid() != parent:
+            raise _ParentGone()
+
+    # Streams and log handlers may be wrapped in locks that another thread of the parent held at the fork (ComfyUI's
+    # log interceptor has one): the child writes to the bare file descriptors and logs nothing.
+    logging.disable(logging.CRITICAL)
+    sys.stdout = open(1, "w", closefd=False, buffering=1)
+    sys.stderr = open(2, "w", closefd=False, buffering=1)
+    signal.signal(signal.SIGTERM, parent_gone)  # the forking thread is this process's main thread now
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the signal was set
+        raise _ParentGone()
+    extraction.leave_parents_run()
+    try:
+        os.nice(10)
+    except OSError:
+        pass
+    torch.set_num_threads(1)
+
+
+def start(work: Callable[[], None], error_file: Path) -> ForkedTrace:
+    """Run `work()` in a forked child now; the caller reaps it with `wait()` (on a thread of its own)."""
+    return ForkedTrace(work, error_file)
+
+
+__all__ = ["ForkedTrace", "start", "unavailable", "disable", "ENV", "TIMEOUT_ENV"]
