@@ -4,8 +4,8 @@
 
 A tiny family (comfy_families: sd15 is served as one UNet graph, flux block by block) sampled through
 comfy.sample as a queued workflow samples it, the node with its default `build` (in the background): the
-first image runs while its graphs build in child processes (what Graph Stats and the stats route say then
-is kept), then (builds done) the next image takes them in and runs from graphs, then one more at another
+first image runs while its graphs are traced in forked processes and build in child processes (what Graph
+Stats and the stats route say then is kept; torch.export calls in ComfyUI's process are counted), then (builds done) the next image takes them in and runs from graphs, then one more at another
 size and batch; each image against the same model without the node. Then the same family in bfloat16
 (another graph) starts its build and is dropped, as ComfyUI drops a model no workflow uses any more: its
 build must stop, leaving nothing. Prints one JSON object after "KEEPFAST-RESULT ".
@@ -58,7 +58,16 @@ def main(pack: str, base: str, family_name: str) -> dict:
     output = nodes["KeepFastModelSpeedup"].execute(model=family.patcher, **SETTINGS)
     fast = output.args[0]
     out = {"family": family_name, "report": output.ui["text"][0] if output.ui else "", "rows": []}
-    out["rows"].append(run(fast, CALLS[0]))  # the first image: builds start, it runs uncompiled
+    # torch.export in this process during the first image (a trace in a forked process counts in the fork's copy).
+    forked_trace = sys.modules[name + ".compiler.backends.forked_trace"]
+    exports, export = [], torch.export.export
+    torch.export.export = lambda *a, **k: exports.append(1) or export(*a, **k)
+    try:
+        out["rows"].append(run(fast, CALLS[0]))  # the first image: builds start, it runs uncompiled
+    finally:
+        torch.export.export = export
+    out["exports_in_first_image"] = len(exports)
+    out["fork_unavailable"] = forked_trace.unavailable([])
     out["background_during"] = runtime.stats()["background"]
     out["stats_during"] = nodes["KeepFastGraphStats"].execute().args[0]
     started = time.monotonic()

@@ -48,6 +48,8 @@ def test_the_first_image_runs_uncompiled_while_the_graphs_build(found):
     first = found["rows"][0]
     assert "in the background" in found["report"], found["report"]  # the node's default
     assert first["events"]["compile"] == 0, first["compiles"]
+    # On this CPU the graphs are traced in forked processes: the first image ran no torch.export in ComfyUI's.
+    assert found["fork_unavailable"] is None and found["exports_in_first_image"] == 0, found["fork_unavailable"]
     assert first["live"] + first["waiting"] >= 1, first
     assert any("building in the background" in r for r in first["fallbacks"]), first["fallbacks"]
     assert _close(first), first

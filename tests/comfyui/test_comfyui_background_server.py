@@ -2,8 +2,8 @@
 background), on a real ComfyUI server with its default attention (needs COMFYUI_PATH).
 
 In the order written: queued once, then ComfyUI stopped with SIGTERM (how services and containers stop it,
-no exit handler runs) while the graphs build: no build process and no file of the pack is left in its
-TMPDIR. Started again and queued twice: the first run finishes uncompiled with builds in flight (the stats
+no exit handler runs) while the graphs build: no build process, no trace fork and no file of the pack is
+left in its TMPDIR. Started again and queued twice: the first run finishes uncompiled with builds in flight (the stats
 route and Graph Stats say which), equal to the workflow without the KeepFast nodes; once the builds are done,
 the second run takes the graphs in and runs the UNet and the VAE decode from them, equal to the workflow
 without the nodes; a third run at another size and batch compiles nothing.
@@ -68,20 +68,53 @@ def _builds_of(temp: Path) -> list:
     return found
 
 
+def _traces_of(server_pid: int) -> list:
+    """The server's forked trace processes (compiler/backends/forked_trace.py): its children running its own
+    command line."""
+    command = Path(f"/proc/{server_pid}/cmdline").read_bytes()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            same = (entry / "cmdline").read_bytes() == command
+        except OSError:
+            continue
+        if same and int(fields[1]) == server_pid and fields[0] not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pids: list) -> list:
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            alive.append(pid)
+    return alive
+
+
 @pytest.fixture(scope="module")
 def stopped(comfy):
     server, temp = comfy
     entry, images, delta = S.run_counted(server, txt2img(server))
     during = server.stats()["background"]
-    building = _builds_of(temp)
+    # In flight: build processes, or (on a CPU) the forks still tracing the programs they will build.
+    traces = _traces_of(server.process.pid)
+    building = _builds_of(temp) + traces
     server.process.send_signal(signal.SIGTERM)
     server.process.wait(60)
     server.process = None
     deadline = time.monotonic() + 30
-    while (_builds_of(temp) or list(temp.rglob("run-*"))) and time.monotonic() < deadline:
+    while (_builds_of(temp) or _alive(traces) or list(temp.rglob("run-*"))) and time.monotonic() < deadline:
         time.sleep(0.2)
     # The pack's files in TMPDIR: its run folder (unpacked graphs, build folders) and lock, under keepfast-<uid>.
-    left = dict(processes=_builds_of(temp), files=sorted(str(p) for p in temp.glob("keepfast-*/**/*")))
+    left = dict(processes=_builds_of(temp) + _alive(traces),
+                files=sorted(str(p) for p in temp.glob("keepfast-*/**/*")))
     server.start()
     return dict(during=during, building=building, left=left, delta=delta)
 
