@@ -184,6 +184,21 @@ def test_a_failed_build_leaves_the_inputs_eager_with_the_reason(monkeypatch):
     assert registry.compiles == [] and forward.builds_pending == 0 and _build_folders() == []
 
 
+def test_a_build_past_its_memory_limit_is_stopped_with_the_reason(monkeypatch):
+    """A build's memory is bounded: past KEEPFAST_BUILD_MEMORY_MB (with its compilers) it stops, and the inputs
+    stay eager with that reason (64 MB: less than the build process needs once torch is imported)."""
+    monkeypatch.setenv("KEEPFAST_BUILD_MEMORY_MB", "64")
+    unet = tiny_unet(seed=7)
+    twin = copy.deepcopy(unet)
+    registry = GraphRegistry()
+    forward = compile_module(unet, CompileOptions(shape_range=RANGE, background=True), registry)
+    assert _served(unet, twin, 1, 8) == 0.0
+    assert forward.wait_for_builds(timeout=300) == 0
+    assert _served(unet, twin, 1, 8) == 0.0 and forward.last.eager
+    assert "more than its limit of 64 MB (KEEPFAST_BUILD_MEMORY_MB); stopped" in forward.last.reason, forward.last.reason
+    assert registry.compiles == [] and package_builds.live_builds() == 0 and _build_folders() == []
+
+
 def test_warmup_waits_for_its_graph(monkeypatch):
     """Warmup (and Save Graph) stay blocking: their graphs exist when they return."""
     unet = tiny_unet(seed=4)

@@ -7,7 +7,9 @@ are empty placeholders) and `job.json` (each weight's shape, stride, dtype and
 device, the Inductor settings, and the modules that define the program's
 custom operators, imported first). The weights are made again here, with no
 values: a package built with its weights left out needs only their layout.
-Writes `graph.pt2`, or `error.txt` (first line: what failed) and exits 1.
+Writes `graph.pt2`, or `error.txt` (first line: what failed) and exits 1. Together with the compiler
+processes it starts it holds at most KEEPFAST_BUILD_MEMORY_MB resident (default: half the machine's memory):
+past that, the build stops with that reason.
 
 This file imports torch only (and those operator modules), never the pack: in
 ComfyUI the pack's package name is not one a child process can import. It lowers its own priority so the
@@ -90,6 +92,62 @@ def _clean_up_after_the_parent(folder: str) -> None:
     os._exit(1)
 
 
+MEMORY_ENV = "KEEPFAST_BUILD_MEMORY_MB"
+
+
+def _memory_limit_mb() -> float:
+    """The most a build may hold resident with its compilers: KEEPFAST_BUILD_MEMORY_MB (0: no limit), else half
+    of this machine's memory (the model being served keeps the rest)."""
+    value = os.environ.get(MEMORY_ENV, "")
+    try:
+        if value:
+            return float(value)
+    except ValueError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 / 2**20
+    except (ValueError, OSError, AttributeError):
+        return 0.0
+
+
+def _group_rss_mb() -> float:
+    """Resident memory of this process and the compiler processes it started (its process group), MB."""
+    group, page, total = os.getpgrp(), os.sysconf("SC_PAGE_SIZE"), 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group:  # pgrp; fields[21] is the resident set in pages
+            total += int(fields[21]) * page
+    return total / 2**20
+
+
+def _bound_memory(folder: str) -> None:
+    """Stop the build (and its compilers) once they hold more than the limit together, saying so in error.txt."""
+    limit = _memory_limit_mb()
+    if limit <= 0 or not os.path.isdir("/proc"):
+        return
+    import signal
+    import threading
+    import time
+
+    def watch() -> None:
+        while True:
+            used = _group_rss_mb()
+            if used > limit:
+                with open(os.path.join(folder, "error.txt"), "w") as handle:
+                    handle.write(f"MemoryError: the build held {used:.0f} MB with its compilers, more than its limit "
+                                 f"of {limit:.0f} MB ({MEMORY_ENV}); stopped\n")
+                os.killpg(os.getpgrp(), signal.SIGKILL)  # this process too: the parent reads error.txt
+            time.sleep(0.25)
+
+    threading.Thread(target=watch, name="keepfast-build-memory", daemon=True).start()
+
+
 def _write_usage(folder: str) -> None:
     """Peak memory of this process and of the largest compiler process it ran (MB), for the parent's log."""
     try:
@@ -119,6 +177,7 @@ def _probe(folder: str, machine_fit: str) -> dict:
 
 def main(folder: str) -> int:
     _stop_when_the_parent_is_gone(folder)
+    _bound_memory(folder)
     try:
         os.nice(10)
     except (AttributeError, OSError):  # not POSIX, or not allowed: build at the same priority
