@@ -322,6 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", required=True, help="folder for graphs and report.json")
     demo.add_argument("--steps", type=int, default=4)
     demo.add_argument("--load-check", action="store_true", help=argparse.SUPPRESS)
+    demo.add_argument("--background", action="store_true",
+                      help="build the graphs in a child process while the first image runs uncompiled, then wait "
+                           "for them (docs/background.md)")
 
     graphs = commands.add_parser("graphs", help="inspect and maintain a graphs folder")
     graph_commands = graphs.add_subparsers(dest="graphs_command", required=True)
@@ -365,6 +368,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.command == "demo":
         from .testing.demo import run_demo
 
-        return run_demo(Path(args.out), steps=args.steps, load_check=args.load_check)
+        return run_demo(Path(args.out), steps=args.steps, load_check=args.load_check, background=args.background)
     with third_party_quiet():  # the notices torch, diffusers and transformers print while a command runs
         return args.run(args)

@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent("""
     from compiler.testing.tiny_models import tiny_sd_pipeline
 
 
-    def body(out, steps, load_check):
+    def body(out, steps, load_check, background=False):
         print("1/2 building the demo's pipeline ...", flush=True)
         tiny_sd_pipeline(seed=0)
         print("2/2 compiling a small module ...", flush=True)

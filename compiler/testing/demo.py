@@ -4,7 +4,9 @@ Builds a small Stable Diffusion pipeline from configs (random weights, no
 downloads), generates eager reference images, compiles the UNet and VAE
 decoder, generates at several resolutions and two batch sizes, saves the
 graphs, then starts a fresh Python process that loads them and generates the
-same images again. Prints a table and writes DIR/report.json. Prints its own
+same images again. With `--background` the first image runs uncompiled while
+the graphs build in a child process (docs/background.md); the demo then waits
+for them before the sweep. Prints a table and writes DIR/report.json. Prints its own
 progress lines only: the third-party notices its calls trigger are dropped
 while it runs (compiler/quiet.py).
 """
@@ -69,12 +71,12 @@ def _max_diff(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def run_demo(out: Path, steps: int = 4, load_check: bool = False) -> int:
+def run_demo(out: Path, steps: int = 4, load_check: bool = False, background: bool = False) -> int:
     with third_party_quiet():
-        return _run_demo(out, steps, load_check)
+        return _run_demo(out, steps, load_check, background)
 
 
-def _run_demo(out: Path, steps: int, load_check: bool) -> int:
+def _run_demo(out: Path, steps: int, load_check: bool, background: bool = False) -> int:
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     out.mkdir(parents=True, exist_ok=True)
     graphs = out / "graphs"
@@ -83,18 +85,34 @@ def _run_demo(out: Path, steps: int, load_check: bool) -> int:
     registry = default_registry()
     pipe = tiny_sd_pipeline(seed=0)
     print("1/5 eager reference images ...", flush=True)
+    started = time.perf_counter()
+    _generate(pipe, *SIZES[0], BATCHES[0], steps)
+    eager_first_image_s = time.perf_counter() - started
     reference = _sweep(pipe, steps)
     from safetensors.torch import save_file
 
     save_file({k: v.contiguous() for k, v in reference.items()}, str(out / "reference.safetensors"))
 
-    print("2/5 compiling the UNet and VAE decoder on the first image ...", flush=True)
-    compile_pipe(pipe, shape_range=RANGE, ignores=IGNORES, graphs_dir=graphs)
+    if background:
+        print("2/5 the first image, uncompiled, while the UNet's and VAE decoder's graphs build in the background ...",
+              flush=True)
+    else:
+        print("2/5 compiling the UNet and VAE decoder on the first image ...", flush=True)
+    compile_pipe(pipe, shape_range=RANGE, ignores=IGNORES, graphs_dir=graphs, background=background)
     started = time.perf_counter()
     _generate(pipe, *SIZES[0], BATCHES[0], steps)
     first_image_s = time.perf_counter() - started
+    build_wait_s = 0.0
+    if background:
+        started = time.perf_counter()
+        for part in compiled_parts(pipe).values():
+            part.wait_for_builds()
+        build_wait_s = time.perf_counter() - started
+        print(f"    first image {first_image_s:.2f} s (eager {eager_first_image_s:.2f} s); the builds landed "
+              f"{build_wait_s:.1f} s after it", flush=True)
     compiles_first = len(registry.compiles)
-    cold_compile_s = sum(e.seconds for e in registry.compiles)
+    # Background builds overlap and wait in a queue: their wall time from the first call is the cold compile.
+    cold_compile_s = first_image_s + build_wait_s if background else sum(e.seconds for e in registry.compiles)
 
     print(f"3/5 sweeping {len(SIZES)} resolutions x {len(BATCHES)} batch sizes ...", flush=True)
     compiled = _sweep(pipe, steps)
@@ -123,6 +141,9 @@ def _run_demo(out: Path, steps: int, load_check: bool) -> int:
         "graphs_loaded": loaded["loads"],
         "cold_compile_s": round(cold_compile_s, 2),
         "first_image_s": round(first_image_s, 2),
+        "eager_first_image_s": round(eager_first_image_s, 2),
+        "background": background,
+        "builds_landed_after_first_image_s": round(build_wait_s, 2),
         "load_s": loaded["load_s"],
         "eager_step_s": round(eager_step, 5),
         "compiled_step_s": round(compiled_step, 5),
@@ -171,7 +192,9 @@ def _print_table(result: dict) -> None:
         ("compiles over the sweep after it", result["compiles_after_warmup"]),
         ("compiles after loading in a fresh process", result["compiles_on_load"]),
         ("graphs loaded from disk", result["graphs_loaded"]),
-        ("cold compile (s)", result["cold_compile_s"]),
+        ("first image, s: ours / eager" + (" (built in the background)" if result["background"] else ""),
+         f"{result['first_image_s']} / {result['eager_first_image_s']}"),
+        ("cold compile (s)" + (": first call to graphs in" if result["background"] else ""), result["cold_compile_s"]),
         ("load in a fresh process (s)", result["load_s"]),
         ("load / cold compile", round(result["load_s"] / max(result["cold_compile_s"], 1e-9), 4)),
         ("UNet step eager (s)", result["eager_step_s"]),
