@@ -10,9 +10,10 @@ as ComfyUI patched it, wrappers and all; a fork has it as it is, copy-on-write, 
 
 Where it cannot: a process that has used CUDA (a forked child cannot use CUDA, and tracing fake CUDA tensors
 initialises it), tensors on any device but the CPU, a platform without fork, or KEEPFAST_TRACE_PROCESS=0: the
-trace then runs in the caller, as before. The child runs at a lower priority with one intra-op thread, dies with
-this process (PR_SET_PDEATHSIG), never returns into the caller's code (os._exit, whatever happens), and is
-killed when it runs longer than KEEPFAST_TRACE_TIMEOUT_S (default 300).
+trace then runs in the caller, as before. The child runs at a lower priority with one intra-op thread, ends
+with this process (its parent-death signal) and then sweeps what this process left, never returns into the
+caller's code (os._exit, whatever happens), and is killed when it runs longer than KEEPFAST_TRACE_TIMEOUT_S
+(default 300).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -36,7 +38,8 @@ log = logging.getLogger(__name__)
 ENV = "KEEPFAST_TRACE_PROCESS"
 TIMEOUT_ENV = "KEEPFAST_TRACE_TIMEOUT_S"
 _PR_SET_PDEATHSIG = 1
-KINDS = {"CompileFailed": "compile", "BuildInProcess": "in_process"}  # the child's error -> its kind
+KINDS = {"CompileFailed": "compile", "BuildInProcess": "in_process"}  # the child's error -> its kind ("error" else)
+FORK = "fork"  # the kind of a failure of the fork itself (killed, overran, no result)
 _disabled: Optional[str] = None  # why this process traces in the caller from now on (set once a fork misbehaved)
 
 
@@ -70,6 +73,20 @@ def _timeout() -> float:
         return float(value) if value else 300.0
     except ValueError:
         return 300.0
+
+
+@dataclass(frozen=True)
+class TraceFailure:
+    """Why a forked trace ended without a program: `kind` is "compile" (torch.export's CompileFailed), "error"
+    (another exception in the traced code), "in_process" (the graph must be built in the caller) or "fork"."""
+
+    kind: str
+    message: str
+
+    @property
+    def of_the_fork(self) -> bool:
+        """Not the model's doing: traces should run in the caller from now on."""
+        return self.kind in (FORK, "in_process")
 
 
 class ForkedTrace:
@@ -111,23 +128,22 @@ class ForkedTrace:
         except OSError:
             pass
 
-    def failure(self) -> Optional[dict]:
-        """None when the child succeeded, else {"kind": ..., "message": ...}: the child's error, or how it ended."""
-        if self.status == 0:
-            return None
+    def failure(self) -> Optional[TraceFailure]:
+        """None when the child succeeded (or was reaped elsewhere and wrote no error), else why it did not."""
         try:
             error = json.loads(self.error_file.read_text())
             if isinstance(error, dict) and "message" in error:
-                return error
+                return TraceFailure(str(error.get("kind", "error")), str(error["message"]))
         except (OSError, ValueError):
             pass
+        if self.status in (0, -1):  # -1: reaped elsewhere; the caller looks for the child's result
+            return None
         if self.timed_out:
-            return {"kind": "fork", "message": f"the trace process ran longer than {_timeout():.0f} s "
-                    f"({TIMEOUT_ENV}) and was stopped"}
-        if self.status is not None and self.status > 0 and os.WIFSIGNALED(self.status):
-            return {"kind": "fork", "message": f"the trace process was killed by signal {os.WTERMSIG(self.status)}"}
-        code = os.WEXITSTATUS(self.status) if self.status is not None and self.status > 0 else self.status
-        return {"kind": "fork", "message": f"the trace process ended with status {code} and no message"}
+            return TraceFailure(FORK, f"the trace process ran longer than {_timeout():.0f} s ({TIMEOUT_ENV}) and "
+                                      "was stopped")
+        if os.WIFSIGNALED(self.status):
+            return TraceFailure(FORK, f"the trace process was killed by signal {os.WTERMSIG(self.status)}")
+        return TraceFailure(FORK, f"the trace process ended with status {os.WEXITSTATUS(self.status)} and no message")
 
 
 def _fork(work: Callable[[], None], error_file: Path) -> int:
@@ -204,4 +220,4 @@ def start(work: Callable[[], None], error_file: Path) -> ForkedTrace:
     return ForkedTrace(work, error_file)
 
 
-__all__ = ["ForkedTrace", "start", "unavailable", "disable", "ENV", "TIMEOUT_ENV"]
+__all__ = ["ForkedTrace", "TraceFailure", "start", "unavailable", "disable", "ENV", "TIMEOUT_ENV"]

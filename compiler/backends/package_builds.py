@@ -226,11 +226,12 @@ class PackageBuild:
             try:
                 self.traced = json.loads((self.folder / TRACED).read_text())
             except (OSError, ValueError) as error:
-                failure = {"kind": "fork", "message": f"the trace process left no readable result ({error})"}
+                failure = forked_trace.TraceFailure(forked_trace.FORK, "the trace process left no readable "
+                                                    f"result ({error})")
         if failure is not None:
-            if failure["kind"] in ("in_process", "fork"):  # not the model's doing: trace here from now on
-                forked_trace.disable(f"a trace in a forked process failed ({failure['message']})")
-            self.failed_to_start = failure["message"]
+            if failure.of_the_fork:
+                forked_trace.disable(f"a trace in a forked process failed ({failure.message})")
+            self.failed_to_start = failure.message
             self._ended()
         else:
             with _lock:
