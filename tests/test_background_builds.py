@@ -13,48 +13,26 @@ from __future__ import annotations
 import copy
 import gc
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from compiler import CompileOptions, ShapeRange, build_status, machine_fit
+from compiler import CompileOptions, build_status, machine_fit
 from compiler.backends import package_builds
 from compiler.diffusers_api import compile_module
-from compiler.extraction import run_folder
 from compiler.registry import GraphRegistry
-from compiler.testing.tiny_models import prompt_embeds, tiny_unet
-
-SUPPORT = Path(__file__).parent / "support"
-RANGE = ShapeRange(batch=(1, 2), spatial=(8, 16), sequence=(1, 77))
-
-
-def _call(batch: int, side: int, length: int = 77):
-    latent = torch.randn(batch, 4, side, side, generator=torch.Generator().manual_seed(side + batch))
-    return (latent, torch.tensor(500.0), prompt_embeds(batch, length)), {"return_dict": False}
-
-
-def _served(unet, twin, batch, side, length=77):
-    args, kwargs = _call(batch, side, length)
-    with torch.no_grad():
-        got, want = unet(*args, **kwargs)[0], twin(*args, **kwargs)[0]
-    return float((got - want).abs().max())
-
-
-def _build_folders():
-    return sorted(p.name for p in run_folder().glob("build-*"))
+from compiler.testing.tiny_models import tiny_unet
+from tests.support.background import (HERE, RANGE, background_unet, build_folders, gone, served_difference,
+                                      stop_parent_mid_build, unet_call)
 
 
 @pytest.fixture(scope="module")
 def slowed():
     """A background-compiled tiny UNet whose first build is slowed by 20 s; its state after the first call."""
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(package_builds, "CHILD", SUPPORT / "slow_build_child.py")
+        monkeypatch.setattr(package_builds, "CHILD", HERE / "slow_build_child.py")
         monkeypatch.setenv("KEEPFAST_TEST_BUILD_DELAY_S", "20")
         unet = tiny_unet(seed=1)
         twin = copy.deepcopy(unet)
@@ -64,11 +42,11 @@ def slowed():
         probe = machine_fit._vec_isa
         monkeypatch.setattr(machine_fit, "_vec_isa", lambda: probes.append(1) or probe())
         threads = torch.get_num_threads()
-        difference = _served(unet, twin, 1, 16)
+        difference = served_difference(unet, twin, 1, 16)
         state = dict(difference=difference, pending=forward.builds_pending, live=package_builds.live_builds(),
                      reason=forward.last.reason, eager=forward.last.eager, compiles=len(registry.compiles),
                      probes=len(probes), threads=threads)
-        difference = _served(unet, twin, 2, 8, 20)  # while building: eager, no second build
+        difference = served_difference(unet, twin, 2, 8, 20)  # while building: eager, no second build
         state.update(second_difference=difference, second_live=package_builds.live_builds(),
                      second_reason=forward.last.reason, threads_while_building=torch.get_num_threads())
         yield unet, twin, registry, forward, state
@@ -102,101 +80,75 @@ def test_once_the_build_lands_every_size_runs_on_the_graph_and_equals_eager(slow
     assert set(machine_fit._features_of_gcc_flags(built_here["vec_flags"])) <= set(needs["cpu_features"])
     assert machine_fit.why_not_here(needs) is None
     for batch, side, length in ((1, 16, 77), (2, 8, 20), (1, 12, 5), (2, 16, 77)):
-        difference = _served(unet, twin, batch, side, length)
+        difference = served_difference(unet, twin, batch, side, length)
         assert difference < 1e-4, (batch, side, difference)
         assert not forward.last.eager, forward.last.reason
     assert len(registry.compiles) == 1 and registry.mismatches == []
-    assert _build_folders() == []
+    assert build_folders() == []
     assert torch.get_num_threads() == state["threads"]  # no build runs: the first call after took them back
 
 
 def test_a_cancelled_build_leaves_no_process_and_no_files(monkeypatch):
-    monkeypatch.setattr(package_builds, "CHILD", SUPPORT / "slow_build_child.py")
+    monkeypatch.setattr(package_builds, "CHILD", HERE / "slow_build_child.py")
     monkeypatch.setenv("KEEPFAST_TEST_BUILD_DELAY_S", "600")
     unet = tiny_unet(seed=2)
     forward = compile_module(unet, CompileOptions(shape_range=RANGE, background=True), GraphRegistry())
-    args, kwargs = _call(1, 8)
+    args, kwargs = unet_call(1, 8)
     with torch.no_grad():
         unet(*args, **kwargs)
-    assert package_builds.live_builds() == 1 and len(_build_folders()) == 1
+    assert package_builds.live_builds() == 1 and len(build_folders()) == 1
     assert forward.cancel_builds() == 1
-    assert package_builds.live_builds() == 0 and _build_folders() == []
+    assert package_builds.live_builds() == 0 and build_folders() == []
 
 
 def test_dropping_the_model_cancels_its_build(monkeypatch):
     """ComfyUI unloading a model (or a workflow moving to another checkpoint) drops it: nothing would take its
     builds in, so they stop, with nothing left behind."""
-    monkeypatch.setattr(package_builds, "CHILD", SUPPORT / "slow_build_child.py")
+    monkeypatch.setattr(package_builds, "CHILD", HERE / "slow_build_child.py")
     monkeypatch.setenv("KEEPFAST_TEST_BUILD_DELAY_S", "600")
     unet = tiny_unet(seed=5)
     forward = compile_module(unet, CompileOptions(shape_range=RANGE, background=True), GraphRegistry())
-    args, kwargs = _call(1, 8)
+    args, kwargs = unet_call(1, 8)
     with torch.no_grad():
         unet(*args, **kwargs)
-    assert forward.builds_pending == 1 and package_builds.live_builds() == 1 and len(_build_folders()) == 1
+    assert forward.builds_pending == 1 and package_builds.live_builds() == 1 and len(build_folders()) == 1
     del unet, forward
     gc.collect()
-    assert package_builds.live_builds() == 0 and package_builds.waiting_builds() == 0 and _build_folders() == []
-
-
-def _gone(pid: int) -> bool:
-    """No such process, or a zombie nobody reaped yet (it runs nothing)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state in ("Z", "X")
+    assert package_builds.live_builds() == 0 and package_builds.waiting_builds() == 0 and build_folders() == []
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_parent_stopped_mid_build_leaves_no_process_and_no_files(tmp_path, how):
     """ComfyUI stopped as services and containers stop it (SIGTERM: Python runs no exit handler; SIGKILL):
     the build sees its parent gone, stops its compilers and removes its folder and the parent's run folder."""
-    temp = tmp_path / "tmp"
-    temp.mkdir()
-    env = {**os.environ, "TMPDIR": str(temp), "KEEPFAST_TEST_BUILD_DELAY_S": "600"}
-    parent = subprocess.Popen([sys.executable, str(SUPPORT / "background_parent.py")], stdout=subprocess.PIPE,
-                              text=True, env=env)
-    try:
-        child_pid, run = parent.stdout.readline().split()
-    finally:
-        parent.send_signal(how)
-        parent.wait(60)
-    assert Path(run).is_relative_to(temp)
-    deadline = time.monotonic() + 30
-    while (not _gone(int(child_pid)) or Path(run).exists()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _gone(int(child_pid)), "the build process outlived its parent"
-    assert not Path(run).exists() and not list(temp.rglob("build-*")), sorted(temp.rglob("*"))
+    stopped = stop_parent_mid_build(tmp_path, how, {"KEEPFAST_TEST_BUILD_DELAY_S": "600"})
+    assert stopped.run.is_relative_to(stopped.temp)
+    assert gone(stopped.pid), "the build process outlived its parent"
+    assert not stopped.run.exists() and not list(stopped.temp.rglob("build-*")), sorted(stopped.temp.rglob("*"))
 
 
 def test_a_failed_build_leaves_the_inputs_eager_with_the_reason(monkeypatch):
-    monkeypatch.setattr(package_builds, "CHILD", SUPPORT / "failing_build_child.py")
-    unet = tiny_unet(seed=3)
-    twin = copy.deepcopy(unet)
-    registry = GraphRegistry()
-    forward = compile_module(unet, CompileOptions(shape_range=RANGE, background=True), registry)
-    assert _served(unet, twin, 1, 8) == 0.0
+    monkeypatch.setattr(package_builds, "CHILD", HERE / "failing_build_child.py")
+    unet, twin, registry, forward = background_unet(seed=3)
+    assert served_difference(unet, twin, 1, 8) == 0.0
     assert forward.wait_for_builds(timeout=120) == 0
-    assert _served(unet, twin, 1, 8) == 0.0 and forward.last.eager
+    assert served_difference(unet, twin, 1, 8) == 0.0 and forward.last.eager
     assert "a test-only failure of the C++ compiler" in forward.last.reason
     assert "not retried" in forward.last.reason
-    assert registry.compiles == [] and forward.builds_pending == 0 and _build_folders() == []
+    assert registry.compiles == [] and forward.builds_pending == 0 and build_folders() == []
 
 
 def test_a_build_past_its_memory_limit_is_stopped_with_the_reason(monkeypatch):
     """A build's memory is bounded: past KEEPFAST_BUILD_MEMORY_MB (with its compilers) it stops, and the inputs
     stay eager with that reason (64 MB: less than the build process needs once torch is imported)."""
     monkeypatch.setenv("KEEPFAST_BUILD_MEMORY_MB", "64")
-    unet = tiny_unet(seed=7)
-    twin = copy.deepcopy(unet)
-    registry = GraphRegistry()
-    forward = compile_module(unet, CompileOptions(shape_range=RANGE, background=True), registry)
-    assert _served(unet, twin, 1, 8) == 0.0
+    unet, twin, registry, forward = background_unet(seed=7)
+    assert served_difference(unet, twin, 1, 8) == 0.0
     assert forward.wait_for_builds(timeout=300) == 0
-    assert _served(unet, twin, 1, 8) == 0.0 and forward.last.eager
-    assert "more than its limit of 64 MB (KEEPFAST_BUILD_MEMORY_MB); stopped" in forward.last.reason, forward.last.reason
-    assert registry.compiles == [] and package_builds.live_builds() == 0 and _build_folders() == []
+    assert served_difference(unet, twin, 1, 8) == 0.0 and forward.last.eager
+    reason = forward.last.reason
+    assert "more than its limit of 64 MB (KEEPFAST_BUILD_MEMORY_MB); stopped" in reason, reason
+    assert registry.compiles == [] and package_builds.live_builds() == 0 and build_folders() == []
 
 
 def test_warmup_waits_for_its_graph(monkeypatch):
@@ -204,7 +156,7 @@ def test_warmup_waits_for_its_graph(monkeypatch):
     unet = tiny_unet(seed=4)
     registry = GraphRegistry()
     forward = compile_module(unet, CompileOptions(shape_range=RANGE, background=True), registry)
-    (served,) = forward.warmup([_call(1, 8)])
+    (served,) = forward.warmup([unet_call(1, 8)])
     assert not served.eager, served.reason
     assert len(registry.compiles) == 1 and forward.builds_pending == 0
     assert "built in the background" not in registry.compiles[0].reason
@@ -218,7 +170,7 @@ def test_a_flux_transformer_runs_eager_while_its_block_graphs_build_then_from_th
     from compiler.diffusers_api import compiled_parts
     from tests.support import tiny_transformers as tt
 
-    monkeypatch.setattr(package_builds, "CHILD", SUPPORT / "slow_build_child.py")
+    monkeypatch.setattr(package_builds, "CHILD", HERE / "slow_build_child.py")
     monkeypatch.setenv("KEEPFAST_TEST_BUILD_DELAY_S", "10")
     monkeypatch.setenv("KEEPFAST_BUILD_PROCESSES", "1")
     times = tmp_path / "build_times.json"
@@ -264,4 +216,4 @@ def test_a_flux_transformer_runs_eager_while_its_block_graphs_build_then_from_th
             got, want = tt.call(model, dims), tt.reference(engine, dims)
         assert float((got - want).abs().max()) < 1e-4, dims
     assert engine.graph_calls - graph_calls == 4 * tt.BLOCKS["flux"]
-    assert len(registry.compiles) == 2 and registry.mismatches == [] and _build_folders() == []
+    assert len(registry.compiles) == 2 and registry.mismatches == [] and build_folders() == []

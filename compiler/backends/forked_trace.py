@@ -93,9 +93,8 @@ class ForkedTrace:
     """One forked child running `work()`; `failure()` says why it ended without success."""
 
     def __init__(self, work: Callable[[], None], error_file: Path):
+        """Run `work()` in a forked child now; the caller reaps it with `wait()` (on a thread of its own)."""
         self.error_file = error_file
-        self.started = time.perf_counter()
-        self.ended: Optional[float] = None
         self.status: Optional[int] = None  # os.waitpid's status, once reaped
         self.timed_out = False
         self.pid = _fork(work, error_file)
@@ -119,7 +118,6 @@ class ForkedTrace:
                 self.kill()
             time.sleep(0.02)
         self.status = status
-        self.ended = time.perf_counter()
         self._reaped.set()
 
     def kill(self) -> None:
@@ -215,9 +213,4 @@ def _become_child(parent: int) -> None:
     torch.set_num_threads(1)
 
 
-def start(work: Callable[[], None], error_file: Path) -> ForkedTrace:
-    """Run `work()` in a forked child now; the caller reaps it with `wait()` (on a thread of its own)."""
-    return ForkedTrace(work, error_file)
-
-
-__all__ = ["ForkedTrace", "TraceFailure", "start", "unavailable", "disable", "ENV", "TIMEOUT_ENV"]
+__all__ = ["ForkedTrace", "TraceFailure", "unavailable", "disable", "ENV", "TIMEOUT_ENV"]

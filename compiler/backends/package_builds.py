@@ -435,7 +435,7 @@ def start_traced(trace: Trace, tensors: List[torch.Tensor], configs: dict, label
 
     global _running_count
     try:
-        tracer = forked_trace.start(in_the_fork, folder / "trace-error.json")
+        tracer = forked_trace.ForkedTrace(in_the_fork, folder / "trace-error.json")
     except OSError as error:  # no fork now (memory, process limits): trace here
         shutil.rmtree(folder, ignore_errors=True)
         forked_trace.disable(f"fork failed: {error}")

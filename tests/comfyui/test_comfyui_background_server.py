@@ -20,6 +20,8 @@ import pytest
 
 import kf_support as S
 
+from tests.support.background import gone, processes
+
 if not S.comfyui_available():
     pytest.skip(S.SKIP_REASON, allow_module_level=True)
 
@@ -54,48 +56,20 @@ def txt2img(server, width=192, height=192, batch=1, seed=11) -> dict:
 
 def _builds_of(temp: Path) -> list:
     """Processes building a graph for a server that uses `temp` as its TMPDIR."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if "package_build_child.py" in command and str(temp) in command and state not in ("Z", "X"):
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, state, _, command in processes() if state not in ("Z", "X")
+            and b"package_build_child.py" in command and str(temp).encode() in command]
 
 
 def _traces_of(server_pid: int) -> list:
     """The server's forked trace processes (compiler/backends/forked_trace.py): its children running its own
     command line."""
     command = Path(f"/proc/{server_pid}/cmdline").read_bytes()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            same = (entry / "cmdline").read_bytes() == command
-        except OSError:
-            continue
-        if same and int(fields[1]) == server_pid and fields[0] not in ("Z", "X"):
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, state, parent, line in processes() if state not in ("Z", "X")
+            and parent == server_pid and line == command]
 
 
 def _alive(pids: list) -> list:
-    alive = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state not in ("Z", "X"):
-            alive.append(pid)
-    return alive
+    return [pid for pid in pids if not gone(pid)]
 
 
 @pytest.fixture(scope="module")
