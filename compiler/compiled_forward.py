@@ -549,7 +549,7 @@ class CompiledForward:
                 self.registry.record(COMPILE, family, f"{self.label}: {building.reason} (built in the background)",
                                      seconds=building.pending.seconds, graph_id=graph.key.id,
                                      detail={"shapes": [list(s) for s in building.call.shapes], "background": True,
-                                             **building.pending.usage})
+                                             **building.pending.usage, **getattr(graph, "build_usage", {})})
                 if self.options.autosave and self.options.store is not None and graph.persistent:
                     self.save_graph(graph, building.call)
             finally:  # written (or failed): others sharing the store may look now
@@ -620,7 +620,7 @@ class CompiledForward:
         seconds = time.perf_counter() - started
         self.registry.add(graph)
         self.registry.record(COMPILE, family, f"{label}: {reason}", seconds=seconds, graph_id=graph.key.id,
-                             detail={"shapes": [list(s) for s in call.shapes]})
+                             detail={"shapes": [list(s) for s in call.shapes], **getattr(graph, "build_usage", {})})
         report("compiled", 1.0)
         if self.options.autosave and self.options.store is not None and graph.persistent:
             self.save_graph(graph, call)

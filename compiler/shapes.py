@@ -41,6 +41,9 @@ class ShapeRange:
     sequence: Tuple[int, int] = (1, 1024)
     frames: Optional[Tuple[int, int]] = None  # latent frames (video models)
     tokens: Optional[Tuple[int, int]] = None  # image/video tokens per sample (transformer blocks)
+    # The multiple a whole-model graph traces the first spatial input on (compiler/alignment.py): None, the
+    # model's own total downsampling; 1, sizes free (a decoder, which only upsamples).
+    spatial_multiple: Optional[int] = None
 
     def bounds(self, role: str) -> Tuple[int, int]:
         value = getattr(self, role)
@@ -53,11 +56,16 @@ class ShapeRange:
         return ROLES + tuple(r for r in OPTIONAL_ROLES if getattr(self, r) is not None)
 
     def to_json(self) -> dict:
-        return {role: list(self.bounds(role)) for role in self.roles()}
+        out: Dict[str, Any] = {role: list(self.bounds(role)) for role in self.roles()}
+        if self.spatial_multiple is not None:
+            out["spatial_multiple"] = self.spatial_multiple
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> "ShapeRange":
-        return cls(**{role: tuple(data[role]) for role in ROLES + OPTIONAL_ROLES if data.get(role) is not None})
+        multiple = data.get("spatial_multiple")
+        return cls(**{role: tuple(data[role]) for role in ROLES + OPTIONAL_ROLES if data.get(role) is not None},
+                   spatial_multiple=int(multiple) if multiple is not None else None)
 
     @classmethod
     def for_images(

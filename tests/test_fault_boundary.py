@@ -43,11 +43,35 @@ def _last_fallback(registry: GraphRegistry) -> str:
 
 # -- compile stages: a tiny convolution, so nothing real is built ---------------------------------------
 
+def _failing_build_process(monkeypatch, error: BaseException) -> None:
+    """The build process (package_builds.CHILD) replaced by one that fails as AOTInductor would, with `error`."""
+    import tempfile
+    from pathlib import Path
+
+    from compiler.backends import package_builds
+
+    script = Path(tempfile.mkdtemp(prefix="kf-fault-")) / "child.py"
+    script.write_text("import os, sys\n"
+                      "with open(os.path.join(sys.argv[1], 'error.txt'), 'w') as f:\n"
+                      f"    f.write({type(error).__name__ + ': injected'!r} + '\\n')\n"
+                      "sys.exit(1)\n")
+    monkeypatch.setattr(package_builds, "CHILD", script)
+
+
+def _in_this_process(monkeypatch, error: BaseException) -> None:
+    """A program that cannot travel to a build process is built here: AOTInductor raising here."""
+    from compiler.backends import package_builds
+    from compiler.backends.base import BuildInProcess
+
+    monkeypatch.setattr(package_builds, "weightless", _raiser(BuildInProcess("a test keeps it here")))
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", _raiser(error))
+
+
 COMPILE_STAGES = {
     "export": ("torch.export.export", lambda mp, e: mp.setattr(torch.export, "export", _raiser(e))),
     "guard extraction": ("_guards_from", lambda mp, e: mp.setattr(aot, "_guards_from", _raiser(e))),
-    "AOTInductor": ("aoti_compile_and_package",
-                    lambda mp, e: mp.setattr(torch._inductor, "aoti_compile_and_package", _raiser(e))),
+    "AOTInductor in its build process": ("the build process", _failing_build_process),
+    "AOTInductor in this process": ("aoti_compile_and_package", _in_this_process),
 }
 
 

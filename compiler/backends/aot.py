@@ -25,6 +25,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
@@ -32,16 +33,16 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 import torch
 import torch.utils._pytree as pytree
 
-from .. import extraction, machine_fit
+from .. import alignment, extraction, machine_fit
 from ..flat_module import MODULE_PREFIX, FlatForward, dump_out_spec, load_out_spec, module_tensors
 from ..guards import GuardSet, GuardSyntaxError, readable, size_ref
 from ..keys import GraphKey
 from ..probes import cloned, narrowed_to_one, pinned_example, trace_example
-from ..shapes import leaf_bounds
+from ..shapes import SPATIAL, leaf_bounds
 from ..signature import FlatCall
 from ..verify import compare
 from . import package_builds
-from .base import (UNLABELLED, Backend, BuildLabel, CompileFailed, CompiledGraph, PackageInfo, PendingGraph, Progress,
+from .base import (UNLABELLED, Backend, BuildInProcess, BuildLabel, CompileFailed, CompiledGraph, PackageInfo, PendingGraph, Progress,
                    no_progress)
 from .export_guards import exported_shapes, guard_texts
 
@@ -117,6 +118,14 @@ def export_program(module, forward_fn, call: FlatCall, shape_range) -> tuple:
     roles = [t.dims for t in call.signature.tensors]
     bounds = leaf_bounds(call.shapes, roles, shape_range)
     dynamic = [{d: Dim.AUTO(min=lo, max=_traced_high(lo, hi)) for d, (lo, hi) in b.items()} for b in bounds]
+    for leaf, dims in enumerate(roles):  # the first tensor with spatial sizes: traced on the model's multiple
+        spatial = [d for d, role in enumerate(dims) if role == SPATIAL]
+        if spatial:
+            aligned = alignment.spatial_multiples(module, call.shapes[leaf], spatial, bounds[leaf],
+                                                   shape_range.spatial_multiple)
+            for d, (multiple, k_low, k_high) in aligned.items():
+                dynamic[leaf][d] = multiple * Dim(f"spatial{d}_over_{multiple}", min=k_low, max=k_high)
+            break
     try:
         with _export_settings(), torch.no_grad():
             ep = torch.export.export(flat, (list(call.tensors),), dynamic_shapes=(dynamic,), strict=False)
@@ -130,6 +139,7 @@ class Traced(NamedTuple):
     flat: FlatForward
     guards: List[str]
     widened: str  # the sizes of 1 of the call that were traced at 2 ("" if none)
+    seconds: float = 0.0  # the trace's wall time (torch.export, with any retry)
 
 
 def trace(module, forward_fn, call: FlatCall, shape_range, widen: bool = True) -> Traced:
@@ -141,6 +151,7 @@ def trace(module, forward_fn, call: FlatCall, shape_range, widen: bool = True) -
     `widen` is False, the call is traced as it is with its sizes of 1 pinned
     (the graph then serves 1 there only, which is what it computes right).
     """
+    started = time.perf_counter()
     bounds = leaf_bounds(call.shapes, [t.dims for t in call.signature.tensors], shape_range)
     example = trace_example(call, bounds) if widen else pinned_example(call, bounds)
     if example.widened:
@@ -149,7 +160,7 @@ def trace(module, forward_fn, call: FlatCall, shape_range, widen: bool = True) -
             guards = _guards_from(ep, example.call) + example.pin_guards()
             failed = GuardSet(guards).first_failure(call.shapes)
             if failed is None:
-                return Traced(ep, flat, guards, example.describe(call.tensor_paths))
+                return Traced(ep, flat, guards, example.describe(call.tensor_paths), time.perf_counter() - started)
             why = "its guard " + readable(failed, call.tensor_paths) + " rejects the call"
         except CompileFailed as error:
             why = str(error)
@@ -157,7 +168,7 @@ def trace(module, forward_fn, call: FlatCall, shape_range, widen: bool = True) -
                  "serving 1 there only", example.describe(call.tensor_paths), why)
         example = pinned_example(call, bounds)
     ep, flat = export_program(module, forward_fn, example.call, shape_range)
-    return Traced(ep, flat, _guards_from(ep, example.call) + example.pin_guards(), "")
+    return Traced(ep, flat, _guards_from(ep, example.call) + example.pin_guards(), "", time.perf_counter() - started)
 
 
 def size_one_disagreement(graph: "AotGraph", module, flat: FlatForward, call: FlatCall) -> Optional[str]:
@@ -193,6 +204,7 @@ class AotGraph(CompiledGraph):
         self._names = list(info.constant_names)
         self._lock = threading.Lock()
         self._bound: Optional[tuple] = None
+        self.build_usage: dict = {}  # a graph built here: its build's peak memory and phase times
         # The unpacked package lives as long as this graph (CUDA kernels are read from it lazily).
         folder = extraction.extract(package_bytes, key.id[:16])
         self._remove_files = weakref.finalize(self, extraction.remove, folder)
@@ -251,7 +263,9 @@ class AotGraph(CompiledGraph):
         info = PackageInfo(guards=self.info.guards + guards, out_spec=self.info.out_spec,
                            constant_names=self.info.constant_names, input_paths=self.info.input_paths,
                            extra=self.info.extra, needs=self.info.needs)
-        return AotGraph(self.key.with_variant(info.guards), self._package_bytes, info, origin=self.origin)
+        graph = AotGraph(self.key.with_variant(info.guards), self._package_bytes, info, origin=self.origin)
+        graph.build_usage = self.build_usage
+        return graph
 
     def write_package(self, path: Path) -> PackageInfo:
         Path(path).write_bytes(self._package_bytes)
@@ -297,14 +311,41 @@ def _load_runner(folder: Path, package_bytes: bytes):
     return AOTICompiledModel(loader)
 
 
-def build_package(ep: "torch.export.ExportedProgram", progress: Progress = no_progress) -> Tuple[bytes, List[str], dict]:
-    """AOTInductor package of an exported program, weights left out: (bytes, weight names, machine needs).
+class Built(NamedTuple):
+    """A package built here: its bytes, the weight names it binds, what it needs of a machine, and its build's
+    peak memory and phase times (`usage`, {} when built in this process)."""
 
-    The one place packages are built (whole models and transformer blocks):
-    for a named CPU level (so the graph runs on every CPU of that level), in
-    the pack's own folder, and loaded once -- without probing the CPU -- to
-    read the weight names it needs and what it needs of a machine.
+    package: bytes
+    names: List[str]
+    needs: dict
+    usage: dict
+
+
+def build_package(ep: "torch.export.ExportedProgram", progress: Progress = no_progress,
+                  label: BuildLabel = UNLABELLED) -> Built:
+    """AOTInductor package of an exported program, weights left out: the one place packages are built and
+    waited for (whole models and transformer blocks).
+
+    Built in a child process (package_builds.py), even while the caller waits: a compiler that crashes
+    (SIGSEGV, killed for memory, a stack overflow) fails this graph with its reason and this process lives on;
+    the child picks the CPU level (so the graph runs on every CPU of that level) with the ISA probe kept per
+    machine. Where the program cannot travel to a child (BuildInProcess) it is built here, as before.
     """
+    try:
+        build = package_builds.start(ep, dict(PACKAGE_CONFIG), label, probe=True, now=True)
+    except BuildInProcess as why:
+        log.info("building the package in this process: %s", why)
+        return _build_here(ep, progress)
+    progress("compiling with AOTInductor in a build process", 0.3)
+    try:
+        return read_built(build)
+    except BaseException:
+        build.cancel()  # interrupted (a cancelled prompt): nothing left running or on disk
+        raise
+
+
+def _build_here(ep: "torch.export.ExportedProgram", progress: Progress) -> Built:
+    """The package built in this process (for the CPU level `package_configs` picks)."""
     march, configs = package_configs()
     with tempfile.TemporaryDirectory(prefix="keepfast-aoti-", dir=extraction.run_folder()) as folder:
         target = os.path.join(folder, "graph.pt2")
@@ -316,13 +357,13 @@ def build_package(ep: "torch.export.ExportedProgram", progress: Progress = no_pr
     return read_package(package, march, progress)
 
 
-def read_built(build: "package_builds.PackageBuild") -> Tuple[bytes, List[str], dict]:
-    """(bytes, weight names, machine needs) of a background build started with `probe=True`: built for
-    the CPU level its process picked."""
+def read_built(build: "package_builds.PackageBuild") -> Built:
+    """The package of a build started with `probe=True` (built for the CPU level its process picked), read here;
+    CompileFailed with the build's reason when it failed."""
     package = build.result()
     probe = build.probe or {}
     vec = (probe["vec_isa"], probe.get("vec_flags")) if probe.get("vec_isa") else None
-    return read_package(package, probe.get("march"), vec=vec)
+    return read_package(package, probe.get("march"), vec=vec)._replace(usage=dict(build.usage))
 
 
 def package_configs() -> Tuple[Optional[str], dict]:
@@ -332,7 +373,7 @@ def package_configs() -> Tuple[Optional[str], dict]:
 
 
 def read_package(package: bytes, march: Optional[str], progress: Progress = no_progress,
-                 vec: Optional[tuple] = None) -> Tuple[bytes, List[str], dict]:
+                 vec: Optional[tuple] = None) -> Built:
     """(bytes, weight names, machine needs) of a package built here (in this process or a build process;
     `vec`: the build process's vector ISA and flags, so no probe runs here)."""
     progress("loading the compiled package", 0.95)
@@ -348,7 +389,7 @@ def read_package(package: bytes, march: Optional[str], progress: Progress = no_p
         del runner
     finally:
         extraction.remove(folder)
-    return package, names, needs
+    return Built(package, names, needs, {})
 
 
 class AotBackend(Backend):
@@ -389,7 +430,7 @@ class AotBackend(Backend):
             if result.flat.out_spec is None:
                 raise CompileFailed("the model's output structure was not seen while tracing")
             return result.ep, {"guards": result.guards, "widened": result.widened,
-                               "out_spec": dump_out_spec(result.flat.out_spec)}
+                               "out_spec": dump_out_spec(result.flat.out_spec), "export_s": result.seconds}
 
         # The CPU level is picked in the build process (Inductor's probe compiles test programs: not here).
         build = package_builds.start_traced(traced, list(call.tensors), dict(PACKAGE_CONFIG), label or UNLABELLED,
@@ -419,7 +460,8 @@ class AotBackend(Backend):
         if traced.flat.out_spec is None:
             raise CompileFailed("the model's output structure was not seen while tracing")
         progress("compiling with AOTInductor", 0.3)
-        return _graph(traced, call, key, build_package(traced.ep, progress))
+        return _graph(traced, call, key, build_package(traced.ep, progress,
+                                                          BuildLabel(key.family.architecture, "graph", key.family.id)))
 
     def finish_compile(self, pending: "AotPending", module) -> AotGraph:
         """The graph of a background build, checked as `compile` checks one (the rare second trace at 1 runs
@@ -436,12 +478,14 @@ class AotBackend(Backend):
         return AotGraph(key, package_bytes, info, origin="loaded")
 
 
-def _graph(traced: Traced, call: FlatCall, key: GraphKey, built: Tuple[bytes, List[str], dict]) -> AotGraph:
-    package, names, needs = built
+def _graph(traced: Traced, call: FlatCall, key: GraphKey, built: Built) -> AotGraph:
     info = PackageInfo(guards=traced.guards, out_spec=dump_out_spec(traced.flat.out_spec),
                        input_paths=call.tensor_paths)
-    info.constant_names, info.needs = names, needs
-    return AotGraph(key.with_variant(traced.guards), package, info, origin="compiled")
+    info.constant_names, info.needs = built.names, built.needs
+    graph = AotGraph(key.with_variant(traced.guards), built.package, info, origin="compiled")
+    graph.build_usage = {**built.usage, "phase_s": {"export_s": round(traced.seconds, 2),
+                                                    **built.usage.get("phase_s", {})}}
+    return graph
 
 
 class AotPending(PendingGraph):
@@ -458,7 +502,8 @@ class AotPending(PendingGraph):
         found = self.build.traced or {}
         flat = FlatForward(self.module, self.forward_fn, self.call)
         flat._seen.out_spec = load_out_spec(found.get("out_spec"))
-        return Traced(None, flat, list(found.get("guards", [])), found.get("widened", ""))
+        return Traced(None, flat, list(found.get("guards", [])), found.get("widened", ""),
+                      float(found.get("export_s", 0.0)))
 
     @property
     def seconds(self) -> float:

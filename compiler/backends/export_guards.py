@@ -49,6 +49,18 @@ def exported_shapes(ep: "Any") -> ExportedShapes:
     return ExportedShapes(dims=dims, ranges=ranges, guard_code=_guard_code(ep))
 
 
+def _multiple_of_new_symbol(size: Any, refs: Dict[Any, str]) -> Optional[Tuple[Any, int]]:
+    """(symbol, multiple) where `size` is `multiple * symbol` of a symbol no input size names yet."""
+    import sympy
+
+    if not isinstance(size, sympy.Mul) or len(size.args) != 2:
+        return None
+    coefficient, symbol = size.as_coeff_Mul()
+    if not isinstance(symbol, sympy.Symbol) or symbol in refs or not coefficient.is_Integer or coefficient <= 1:
+        return None
+    return symbol, int(coefficient)
+
+
 def _bounds(bounds: Any) -> Tuple[int, Optional[int]]:
     low = int(bounds.lower) if _finite(bounds.lower) else 0
     high = int(bounds.upper) if _finite(bounds.upper) else None
@@ -98,6 +110,15 @@ def guard_texts(shapes: ExportedShapes) -> List[str]:
                 guards.append(f"{ref} >= {low}")
                 if high is not None:
                     guards.append(f"{ref} <= {high}")
+            elif _multiple_of_new_symbol(size, refs) is not None:
+                # A size declared as a multiple (`8*s1`, compiler/alignment.py): s1 is that size // 8.
+                symbol, multiple = _multiple_of_new_symbol(size, refs)
+                refs[symbol] = f"({ref} // {multiple})"
+                low, high = shapes.ranges.get(symbol, (0, None))
+                guards.append(f"{ref} % {multiple} == 0")
+                guards.append(f"{ref} >= {multiple * low}")
+                if high is not None:
+                    guards.append(f"{ref} <= {multiple * high}")
             else:
                 derived.append((ref, size))
     printer = PythonPrinter()

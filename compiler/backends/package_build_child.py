@@ -22,7 +22,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
+
+BEGUN = time.perf_counter()
 
 
 def _weights(spec: dict):
@@ -148,15 +151,45 @@ def _bound_memory(folder: str) -> None:
     threading.Thread(target=watch, name="keepfast-build-memory", daemon=True).start()
 
 
-def _write_usage(folder: str) -> None:
-    """Peak memory of this process and of the largest compiler process it ran (MB), for the parent's log."""
+# Inductor's own phase timers (torch._dynamo.utils.compilation_time_metrics) reported per build, under the names a
+# reader knows: where a cold compile's time goes (docs/benchmarks.md). Each is part of "inductor" but the first.
+PHASES = {
+    "aot_trace": "create_aot_dispatcher_function",  # AOTInductor's own trace of the exported program
+    "lowering": "GraphLowering.run",
+    "scheduling": "Scheduler.__init__",
+    "codegen": "GraphLowering.codegen",
+    "cpp_build": "AotCodeCompiler.compile",  # the C++ wrapper and kernels, compiled and linked
+}
+
+
+def _phases(started: float, loaded: float, compiled: float) -> dict:
+    """Seconds per phase of this build: startup (interpreter, torch, the ISA probe), reading the program, the
+    whole Inductor compile and packaging, and Inductor's own phases within it."""
+    out = {"startup_s": round(started, 2), "read_program_s": round(loaded - started, 2),
+           "inductor_s": round(compiled - loaded, 2)}
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+
+        for name, key in PHASES.items():
+            times = compilation_time_metrics.get(key)
+            if times:
+                out[name + "_s"] = round(sum(times), 2)
+    except Exception:  # noqa: BLE001 - phases are a report, never a reason to fail a build
+        pass
+    return out
+
+
+def _write_usage(folder: str, phases: dict) -> None:
+    """Peak memory of this process and of the largest compiler process it ran (MB), and where the time went,
+    for the parent's log and the bench."""
     try:
         import resource
 
         own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         compilers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         with open(os.path.join(folder, "usage.json"), "w") as handle:
-            json.dump({"peak_rss_mb": round(own, 1), "compiler_peak_rss_mb": round(compilers, 1)}, handle)
+            json.dump({"peak_rss_mb": round(own, 1), "compiler_peak_rss_mb": round(compilers, 1),
+                       "phase_s": phases}, handle)
     except (ImportError, OSError):
         pass
 
@@ -173,6 +206,28 @@ def _probe(folder: str, machine_fit: str) -> dict:
     with open(os.path.join(folder, "probe.json"), "w") as handle:
         json.dump(probe, handle)
     return {"cpp.march": probe["march"]} if probe.get("march") else {}
+
+
+def _probe_isa(kept: str) -> None:
+    """Inductor's vector-ISA probe, its test programs built in `kept` (a folder kept per machine and torch): after
+    the first build they are found there, not built again. Its result stays in this process (Inductor caches it),
+    so the build itself then runs in its own fresh cache."""
+    if not kept:
+        return
+    build_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    try:
+        os.makedirs(kept, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = kept
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+        pick_vec_isa()
+    except Exception:  # noqa: BLE001 - the build probes in its own cache then, as Inductor always does
+        pass
+    finally:
+        if build_cache is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = build_cache
 
 
 def main(folder: str) -> int:
@@ -195,14 +250,17 @@ def main(folder: str) -> int:
             except Exception as error:  # noqa: BLE001
                 raise RuntimeError(f"the graph's custom operators come from {module}, which the build process "
                                    f"cannot import ({type(error).__name__}: {error})") from error
-        program = torch.export.load(os.path.join(folder, "program.pt2"))
-        program._state_dict.update(_weights(job["weights"]))
+        _probe_isa(job.get("isa_cache", ""))
         configs = dict(job["configs"])
         if job.get("probe"):
             configs.update(_probe(folder, job["probe"]))
+        started = time.perf_counter() - BEGUN
+        program = torch.export.load(os.path.join(folder, "program.pt2"))
+        program._state_dict.update(_weights(job["weights"]))
+        loaded = time.perf_counter() - BEGUN
         target = os.path.join(folder, "graph.partial.pt2")
         torch._inductor.aoti_compile_and_package(program, package_path=target, inductor_configs=configs)
-        _write_usage(folder)
+        _write_usage(folder, _phases(started, loaded, time.perf_counter() - BEGUN))
         os.replace(target, os.path.join(folder, "graph.pt2"))  # whole, or not there
         return 0
     except BaseException as error:  # noqa: BLE001 - the parent reads the reason from error.txt

@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 
@@ -152,7 +152,7 @@ class PackageBuild:
         self.ended: Optional[float] = None  # when its child ended
         self.finished: Optional[float] = None
         self.failed_to_start: Optional[str] = None
-        self.usage: Dict[str, float] = {}  # the child's peak memory (MB), once read
+        self.usage: Dict[str, Any] = {}  # the child's peak memory (MB) and phase times, once read
         # What the child built for (machine_fit.build_probe: march, vector ISA and its flags), once read;
         # None where the caller chose the configuration itself.
         self.probe: Optional[dict] = None
@@ -192,6 +192,11 @@ class PackageBuild:
 
     def _start_next_when_done(self) -> None:
         self.process.wait()
+        if self.process.returncode < 0:  # it died (a crash, the OOM killer): its compilers stop with it
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except OSError:
+                pass
         self._ended()  # counted before its time is kept: whoever sees the time sees the build ended
         if self.process.returncode == 0 and (self.folder / "graph.pt2").is_file():
             build_times.record(self.label.times_key, self.ended - self.launched)
@@ -318,7 +323,16 @@ class PackageBuild:
             return error.read_text().splitlines()[0] if error.read_text().strip() else "no message"
         log = self.folder / "output.txt"
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
-        return f"exit status {self.process.returncode}" + (f" ({tail[0]})" if tail else "")
+        code = self.process.returncode
+        if code is not None and code < 0:  # a compiler crash (SIGSEGV), the OOM killer or a stack overflow
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            what = f"the build process died ({name})"
+        else:
+            what = f"exit status {code}"
+        return what + (f" ({tail[0]})" if tail else "")
 
     def _clean(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -332,12 +346,19 @@ class PackageBuild:
             _notify()
 
 
-def _read_usage(folder: Path) -> Dict[str, float]:
+def _read_usage(folder: Path) -> Dict[str, Any]:
+    """The child's peak memory (MB) and `phase_s`, seconds per phase of the build (package_build_child.py)."""
     try:
         data = json.loads((folder / "usage.json").read_text())
     except (OSError, ValueError):
         return {}
-    return {k: float(v) for k, v in data.items() if isinstance(v, (int, float))} if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    usage: Dict[str, Any] = {k: float(v) for k, v in data.items() if isinstance(v, (int, float))}
+    phases = data.get("phase_s")
+    if isinstance(phases, dict):
+        usage["phase_s"] = {k: float(v) for k, v in phases.items() if isinstance(v, (int, float))}
+    return usage
 
 
 def _read_probe(folder: Path) -> Optional[dict]:
@@ -368,10 +389,24 @@ def _pump() -> None:
 TRACED = "traced.json"  # what a forked trace says besides the program
 
 
+ISA_CACHE_ENV = "KEEPFAST_ISA_CACHE"
+
+
+def isa_cache() -> Path:
+    """Where build processes keep Inductor's vector-ISA probe: KEEPFAST_ISA_CACHE, else beside the trust list, per
+    torch version. The probe compiles and loads a test program per ISA (about 10 s a build on a busy 2-core CPU,
+    repeated by every build in its own fresh Inductor cache); kept here, a machine runs it once."""
+    from ..trust import default_trust_path
+
+    configured = os.environ.get(ISA_CACHE_ENV)
+    base = Path(configured) if configured else default_trust_path().with_name("inductor-isa-probe")
+    return base / torch.__version__.replace("+", "_")
+
+
 def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, folder: Path) -> None:
     """The build's inputs in its folder: the program without its weights, their layout, the configuration."""
     light, layout = weightless(ep)
-    job = {"weights": layout, "configs": configs, "imports": operator_modules(ep)}
+    job = {"weights": layout, "configs": configs, "imports": operator_modules(ep), "isa_cache": str(isa_cache())}
     if probe:
         job["probe"] = str(MACHINE_FIT)
     try:
@@ -392,19 +427,22 @@ def _new_build(folder: Path, label: BuildLabel, queued: bool) -> PackageBuild:
 
 
 def start(ep: "torch.export.ExportedProgram", configs: dict, label: BuildLabel = UNLABELLED,
-          probe: bool = False) -> PackageBuild:
+          probe: bool = False, now: bool = False) -> PackageBuild:
     """Start building `ep`'s package (weights left out) in a child process; `label` says what for.
 
     `probe`: the child picks the CPU level to build for (machine_fit.build_probe, Inductor's ISA probe,
     which compiles test programs) and adds it to `configs`; `PackageBuild.probe` says what it found. The
-    caller then never runs the probe on the path of the call that started the build."""
+    caller then never runs the probe on the path of the call that started the build.
+    `now`: the build starts at once, whatever else runs (a caller waits for it: not behind background builds)."""
     folder = Path(tempfile.mkdtemp(prefix="build-", dir=extraction.run_folder()))
     try:
         _write_job(ep, configs, probe, folder)
     except Exception:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    build = _new_build(folder, label, queued=True)
+    build = _new_build(folder, label, queued=not now)
+    if now:
+        build._launch()
     _pump()
     _notify()
     return build

@@ -28,7 +28,7 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 import torch
 
 from ..backends import package_builds
-from ..backends.aot import PACKAGE_CONFIG, AotGraph, _guards_from, build_package, read_built
+from ..backends.aot import PACKAGE_CONFIG, AotGraph, Built, _guards_from, build_package, read_built
 from ..quiet import third_party_quiet
 from ..backends.base import BuildLabel, CompileFailed, PackageInfo
 from ..flat_module import FlatForward, dump_out_spec
@@ -129,11 +129,11 @@ def trace_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: Gr
     return TracedBlock(program, guards, out_spec, call, bounds, key)
 
 
-def package_block(traced: TracedBlock, built: Tuple[bytes, List[str], dict],
+def package_block(traced: TracedBlock, built: Built,
                   progress: Progress = lambda stage, fraction: None,
                   check_unit_sizes: Optional["UnitCheck"] = None) -> Tuple[AotGraph, List[str]]:
     """The graph of a traced block from its built package (`build_package` here, or a background build)."""
-    package, names, needs = built
+    package, names, needs = built.package, built.names, built.needs
     call, key, guards = traced.call, traced.key, traced.guards
 
     def build(guard_list: List[str]) -> AotGraph:
@@ -180,7 +180,7 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
     traced = trace_block(module, call, bounds, key, forward, tracing)
     progress("compiling with AOTInductor", 0.3)
     with third_party_quiet():
-        built = build_package(traced.program, progress)
+        built = build_package(traced.program, progress, BuildLabel(key.family.architecture, "block", key.family.id))
     return package_block(traced, built, progress, check_unit_sizes)
 
 
@@ -217,8 +217,8 @@ class BlockBuild:
     def wait(self) -> None:
         self.build.wait()
 
-    def package(self) -> Tuple[bytes, List[str], dict]:
-        """(bytes, weight names, machine needs); CompileFailed with the build's reason."""
+    def package(self) -> Built:
+        """The built package; CompileFailed with the build's reason."""
         return read_built(self.build)
 
     def cancel(self) -> None:

@@ -1,0 +1,93 @@
+"""How many latent pixels a model's spatial sizes move by: the multiple a whole-model graph is traced on.
+
+Why: a UNet or VAE encoder halves its spatial sizes at every stride-2
+convolution. Traced with height and width free in a range, each level's size
+is a nested floor expression of the input's (`1 + (h - 1) // 2`, then that
+halved again...), which every later shape computation, guard and index of the
+graph carries. At SD1.5's real depth this made Inductor's code generation and
+the C++ wrapper several times larger and slower (docs/benchmarks.md, "Cold
+compile at real sizes"). Traced with the latent side declared as `m * k`
+(`m` the model's total downsampling), every level's size is an exact
+multiple of `k`, and the expressions stay flat.
+
+The multiple is read off the module's structure: 2 to the power of the
+number of stride-2 downsamplers (convolutions and pools) along each of the
+last spatial axes, capped at `MAX_MULTIPLE`. Counting too many (a model with
+two downsampling branches) only makes fewer sizes aligned; those get a graph
+traced with free sizes, as before (compiler/backends/aot.py), so the count
+decides compile time, never correctness. `KEEPFAST_ALIGN=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+
+MAX_MULTIPLE = 64
+AXES = 3  # counted separately for the last three axes (width, height, and frames or depth)
+
+_cache: "weakref.WeakKeyDictionary[torch.nn.Module, Tuple[int, ...]]" = weakref.WeakKeyDictionary()
+
+
+def enabled() -> bool:
+    return os.environ.get("KEEPFAST_ALIGN", "1") != "0"
+
+
+def _strides(module: torch.nn.Module) -> Optional[Tuple[int, ...]]:
+    """The stride of a downsampling layer, per axis (None for any other module)."""
+    if isinstance(module, torch.nn.modules.conv._ConvNd) and not module.transposed:
+        return tuple(module.stride)
+    if isinstance(module, (torch.nn.AvgPool1d, torch.nn.AvgPool2d, torch.nn.AvgPool3d,
+                           torch.nn.MaxPool1d, torch.nn.MaxPool2d, torch.nn.MaxPool3d)):
+        stride = module.stride if module.stride is not None else module.kernel_size
+        return tuple(stride) if isinstance(stride, (tuple, list)) else None
+    return None
+
+
+def axis_multiples(module: torch.nn.Module) -> Tuple[int, ...]:
+    """Per trailing axis (last first), 2 ** (stride-2 downsamplers on it), capped at MAX_MULTIPLE."""
+    try:
+        return _cache[module]
+    except (KeyError, TypeError):
+        pass
+    counts = [0] * AXES
+    for sub in module.modules():
+        strides = _strides(sub)
+        if not strides:
+            continue
+        for axis, stride in enumerate(reversed(strides[-AXES:])):
+            if stride == 2:
+                counts[axis] += 1
+    multiples = tuple(min(MAX_MULTIPLE, 2 ** count) for count in counts)
+    try:
+        _cache[module] = multiples
+    except TypeError:
+        pass
+    return multiples
+
+
+def spatial_multiples(module: torch.nn.Module, shape: Sequence[int], spatial_dims: Sequence[int],
+                      bounds: Dict[int, Tuple[int, int]], declared: Optional[int] = None
+                      ) -> Dict[int, Tuple[int, int, int]]:
+    """For a tensor input's spatial dims: dim -> (multiple, lowest k, highest k) where its size is traced as
+    multiple * k, k in [low, high]. The multiple is `declared` (ShapeRange.spatial_multiple) or else the
+    module's own (`axis_multiples`). Only dims whose multiple is over 1, whose size in this call is a multiple
+    of it and whose range holds at least one multiple; the rest stay free (an empty dict when off)."""
+    if not enabled():
+        return {}
+    multiples = (declared,) * AXES if declared is not None else axis_multiples(module)
+    out: Dict[int, Tuple[int, int, int]] = {}
+    rank = len(shape)
+    for dim in spatial_dims:
+        axis = rank - 1 - dim
+        if not 0 <= axis < len(multiples):
+            continue
+        multiple = multiples[axis]
+        low, high = bounds.get(dim, (shape[dim], shape[dim]))
+        k_low, k_high = -(-low // multiple), high // multiple
+        if multiple > 1 and shape[dim] % multiple == 0 and max(1, k_low) <= k_high:
+            out[dim] = (multiple, max(1, k_low), k_high)
+    return out
