@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from . import build_claims, build_cores
+from .build_book import Building, book_key
 from .backends import DEFAULT_BACKEND, BackendUnavailable, CompiledGraph, CompileFailed, get_backend
 from .backends.base import (BuildInProcess, BuildLabel, CannotServe, CompileDeferred, GraphMismatch, GuardsUnknown,
                             PendingGraph, Progress, range_failure)
@@ -94,23 +94,6 @@ class Served:
         return f"eager: {self.reason}" if self.eager else f"{self.origin} graph"
 
 
-@dataclass
-class _Building:
-    """A background build and what its landing records."""
-
-    pending: PendingGraph
-    family: FamilyKey
-    call: FlatCall
-    reason: str
-    claim: Optional[build_claims.Claim] = None  # held until its graph is written (build_claims.py)
-
-
-def _stop_each(stoppers: Dict[str, Callable[[], None]]) -> None:
-    for stop in list(stoppers.values()):
-        stop()
-    stoppers.clear()
-
-
 class _Retired(Exception):
     """The graph that serves these inputs disagreed with eager for them: they run eager, unchecked."""
 
@@ -139,13 +122,11 @@ class CompiledForward:
         self._settled: Dict[tuple, Tuple[int, str]] = {}
         self._compile_failed: Dict[str, str] = {}  # family id -> why; not retried in this process
         self._declared: Dict[str, set] = {}  # family id -> input shapes a warmup asked graphs for
-        self._building: Dict[str, _Building] = {}  # family id -> its graph's background build
+        # family id -> the registry's book key of its graph's background build (build_book.py: the build is
+        # the process's, kept while any module of its structure lives, and taken in by whoever calls first)
+        self._building: Dict[str, str] = {}
         # family id -> (when to look again, why): another process builds its graph for the shared store
         self._elsewhere: Dict[str, Tuple[float, str]] = {}
-        # A model dropped (ComfyUI unloading it, a workflow with another checkpoint) stops its builds: nothing
-        # would take them in. The finalizer holds their stoppers only (a build holds the module, which holds us).
-        self._stoppers: Dict[str, Callable[[], None]] = {}
-        weakref.finalize(self, _stop_each, self._stoppers)
         self._blocking = 0  # inside warmup: builds are waited for
         self.last: Optional[Served] = None
         self.eager_calls = 0
@@ -428,9 +409,9 @@ class CompiledForward:
             reason = why
         else:
             reason = "first call for this model, dtype and input structure"
-        building = self._building.get(family.id)
-        if building is not None and options.background and not self._blocking:  # ours: no claim to look at
-            raise CompileDeferred(f"its graph is building in the background ({building.pending.seconds:.0f} s so far)")
+        graph, why = self._from_the_book(family, call, wait=self._blocking > 0 or not options.background)
+        if graph is not None or why is not None:
+            return graph, why
         claim, graph = self._claim(family, call, progress)
         if graph is not None:
             return graph, None
@@ -502,7 +483,7 @@ class CompiledForward:
         try:
             with third_party_quiet():
                 pending = backend.start_compile(self.module, self.forward_fn, call, key, BuildLabel(
-                    owner=self.label, what=self.label, family=family.id, owner_id=f"{self.label}@{id(self):x}"))
+                    owner=self.label, what=self.label, family=family.id, owner_id=self._owner_id))
         except (BackendUnavailable, BuildInProcess) as why:
             log.info("%s: building in this process: %s", self.label, why)
             try:
@@ -518,21 +499,68 @@ class CompiledForward:
                 f"compile failed: {type(error).__name__}: {error}"
             self._compile_failed[family.id] = failure
             return None, failure
-        self._building[family.id] = _Building(pending, family, call, reason, claim)
-        self._stoppers[family.id] = pending.stopper
+        key = self._book_key(family)
+        self.registry.builds.add(key, Building(pending, family, call, reason, claim, self._owner_id), self.module)
+        self._building[family.id] = key
         self.registry.record(PROGRESS, family, f"{self.label}: building in the background ({reason})",
                              detail={"fraction": 0.0, "background": True})
         raise CompileDeferred("its graph is building in the background; this call runs eager")
 
+    @property
+    def _owner_id(self) -> str:
+        return f"{self.label}@{id(self):x}"
+
+    def _book_key(self, family: FamilyKey) -> str:
+        return book_key(family, self.options.shape_range)
+
+    def _from_the_book(self, family: FamilyKey, call: FlatCall,
+                       wait: bool) -> Tuple[Optional[CompiledGraph], Optional[str]]:
+        """A background build of this family's graph that the process already has (started by this wrapper or by
+        another one of a module of this structure: build_book.py): its graph once taken in (at once when it has
+        finished; waited for when `wait`), CompileDeferred (the call runs eager) while it builds, or (None, its
+        failure); (None, None) when there is none."""
+        key = self._book_key(family)
+        book = self.registry.builds
+        failure = book.failure(key)
+        if failure is not None:
+            return None, failure + " (not retried)"
+        building = book.adopt(key, self.module)
+        if building is None:
+            return None, None
+        if family.id not in self._building:
+            self._building[family.id] = key
+            if building.started_by != self._owner_id:
+                log.info("%s: adopting the background build of its graph started earlier (%.0f s so far)",
+                         self.label, building.pending.seconds)
+                self.registry.record(PROGRESS, family, f"{self.label}: adopted the background build of its graph, "
+                                     f"started earlier for this model ({building.pending.seconds:.0f} s so far)",
+                                     detail={"fraction": 0.0, "background": True, "adopted": True})
+        if wait or building.pending.done():
+            self.wait_for_builds()
+            graph, _ = self.registry.find(family, call)
+            if graph is not None:
+                return graph, None
+            failure = self._compile_failed.get(family.id)
+            return (None, failure) if failure else (None, None)  # it landed and does not serve this call
+        raise CompileDeferred(f"its graph is building in the background ({building.pending.seconds:.0f} s so far)")
+
     def land_builds(self) -> int:
-        """Take in the background builds that finished: their graphs serve calls from now on (the first-use
-        check applies to each). A failed build leaves its inputs eager with the reason. Returns how many landed."""
+        """Take in the background builds of this wrapper's families that finished (whoever started them): their
+        graphs serve calls from now on (the first-use check applies to each). A failed build leaves its inputs
+        eager with the reason, here and for every other wrapper. Returns how many landed."""
         landed = 0
-        for family_id, building in list(self._building.items()):
-            if not building.pending.done():
+        book = self.registry.builds
+        for family_id, key in list(self._building.items()):
+            if book.get(key) is None:  # taken in by another wrapper, or cancelled
+                del self._building[family_id]
+                failure = book.failure(key)
+                if failure is not None:
+                    self._compile_failed[family_id] = failure
+                continue
+            building = book.take(key)
+            if building is None:  # still building
                 continue
             del self._building[family_id]
-            self._stoppers.pop(family_id, None)
             family = building.family
             try:
                 try:
@@ -543,13 +571,16 @@ class CompiledForward:
                     why = f"compile failed: {error}" if isinstance(error, CompileFailed) else \
                         f"compile failed: {type(error).__name__}: {error}"
                     self._compile_failed[family_id] = why
+                    book.fail(key, why)
                     log.warning("%s: the background build failed: %s", self.label, why)
                     continue
                 self.registry.add(graph)
-                self.registry.record(COMPILE, family, f"{self.label}: {building.reason} (built in the background)",
-                                     seconds=building.pending.seconds, graph_id=graph.key.id,
+                whose = "" if building.started_by == self._owner_id else ", started earlier for this model"
+                self.registry.record(COMPILE, family, f"{self.label}: {building.reason} (built in the background"
+                                     f"{whose})", seconds=building.pending.seconds, graph_id=graph.key.id,
                                      detail={"shapes": [list(s) for s in building.call.shapes], "background": True,
-                                             **building.pending.usage, **getattr(graph, "build_usage", {})})
+                                             "adopted": bool(whose), **building.pending.usage,
+                                             **getattr(graph, "build_usage", {})})
                 if self.options.autosave and self.options.store is not None and graph.persistent:
                     self.save_graph(graph, building.call)
             finally:  # written (or failed): others sharing the store may look now
@@ -558,26 +589,29 @@ class CompiledForward:
         return landed
 
     def wait_for_builds(self, timeout: Optional[float] = None) -> int:
-        """Wait until every background build has finished (or `timeout` s passed), then land them."""
+        """Wait until every background build of this wrapper's families has finished (or `timeout` s passed),
+        then land them."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while any(not b.pending.done() for b in self._building.values()):
+        book = self.registry.builds
+
+        def running() -> bool:
+            return any((b := book.get(key)) is not None and not b.pending.done() for key in self._building.values())
+
+        while running():
             if deadline is not None and time.monotonic() > deadline:
                 break
             time.sleep(0.05)
         return self.land_builds()
 
     def cancel_builds(self) -> int:
-        """Stop every background build (unloading the model, stopping the workflow); returns how many."""
-        building, self._building = self._building, {}
-        self._stoppers.clear()
-        for entry in building.values():
-            entry.pending.cancel()
-            build_claims.release(entry.claim)
-        return len(building)
+        """Stop every background build of this wrapper's families (stopping the workflow); returns how many."""
+        keys, self._building = list(self._building.values()), {}
+        return sum(self.registry.builds.cancel(key) for key in keys)
 
     @property
     def builds_pending(self) -> int:
-        return len(self._building)
+        book = self.registry.builds
+        return sum(1 for key in self._building.values() if book.get(key) is not None)
 
     def _graph_limit(self, backend, family: FamilyKey) -> int:
         """Graphs one family may hold: the backend's bound, or as many shapes as warmups declared.

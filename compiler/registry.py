@@ -11,8 +11,9 @@
   test) subscribes to it or reads it; nobody keeps a copy.
 
 `GraphRegistry` is the pair, plus the first-use check's verdicts (which
-graph was compared with eager for which input shapes), shared by every
-compiled forward and block server of a process.
+graph was compared with eager for which input shapes) and the whole-model
+builds in the background (`build_book.py`), shared by every compiled forward
+and block server of a process.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional
 
 from .backends.base import CompiledGraph
+from .build_book import BuildBook
 from .keys import FamilyKey
 from .signature import FlatCall
 from .verify import Verdicts
@@ -205,6 +207,8 @@ class GraphRegistry:
         self.log = EventLog(history)
         self.cache = GraphCache(max_graphs, max_bytes, on_evict=self._evicted)
         self.verdicts = Verdicts()
+        # Whole-model graphs building in the background, until a wrapper of their model takes them in.
+        self.builds = BuildBook()
 
     def _evicted(self, graph: CompiledGraph) -> None:
         self.log.record(EVICT, graph.key.family, "registry full (least recently used)", graph_id=graph.key.id)

@@ -467,7 +467,7 @@ class AotBackend(Backend):
         """The graph of a background build, checked as `compile` checks one (the rare second trace at 1 runs
         here, in the caller's process)."""
         built = read_built(pending.build)  # first: a failed trace raises its reason here
-        traced, call, key = pending.traced, pending.call, pending.key
+        traced, call, key = pending.traced(module), pending.call, pending.key
         graph = _graph(traced, call, key, built)
         if traced.widened and size_one_disagreement(graph, module, traced.flat, call) is not None:
             traced = trace(module, pending.forward_fn, call, key.shape_range, widen=False)
@@ -493,14 +493,14 @@ class AotPending(PendingGraph):
 
     def __init__(self, backend: AotBackend, module, forward_fn, call: FlatCall, key: GraphKey,
                  build: "package_builds.PackageBuild"):
+        # No module held: a build kept by the process (build_book.py) must not keep its model alive.
         self.backend, self.forward_fn, self.call, self.key = backend, forward_fn, call, key
-        self.module, self.build = module, build
+        self.build = build
 
-    @property
-    def traced(self) -> Traced:
-        """What the trace found (once the build finished): its program stays with the build."""
+    def traced(self, module) -> Traced:
+        """What the trace found (once the build finished), for `module`: its program stays with the build."""
         found = self.build.traced or {}
-        flat = FlatForward(self.module, self.forward_fn, self.call)
+        flat = FlatForward(module, self.forward_fn, self.call)
         flat._seen.out_spec = load_out_spec(found.get("out_spec"))
         return Traced(None, flat, list(found.get("guards", [])), found.get("widened", ""),
                       float(found.get("export_s", 0.0)))
