@@ -6,7 +6,9 @@ dtype, backend or model structure, naming the field), the package's sha256
 (checked before the package is read as code), the shape guards and the
 output layout needed to serve calls without tracing anything again, and
 (format 2) what the package needs of the machine that loads it: OS, CPU
-architecture and instructions, GPU architecture (compiler/machine_fit.py).
+architecture and instructions, GPU architecture (compiler/machine_fit.py), and
+(format 3, written only for such graphs) a graph built in parts: which values
+each part takes and makes (compiler/backends/program_split.py).
 Format 1 manifests are still read; their packages are checked against the
 vector ISA the package itself names.
 """
@@ -27,7 +29,8 @@ from .version import FIRST_SIZE_SAFE_VERSION, __version__
 
 FORMAT = "keepfast-graph"
 FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # 1: before "needs"
+PARTS_FORMAT_VERSION = 3  # a graph built in parts (program_split.py): a pack that reads 2 only refuses it
+READABLE_VERSIONS = (1, 2, 3)  # 1: before "needs"; 3: "parts"
 MANIFEST_SUFFIX = ".json"
 
 
@@ -39,6 +42,15 @@ def _needs(value: Any) -> Dict[str, Any]:
     if not isinstance(value, dict) or not isinstance(value.get("cpu_features", []), list):
         raise ValueError("'needs' is not a mapping with a list of cpu_features")
     return dict(value)
+
+
+def _wiring(value: Any) -> Optional[Dict[str, Any]]:
+    """A graph's parts, checked (every value a part takes is made before it) and kept as JSON."""
+    if value is None:
+        return None
+    from .backends.program_split import Wiring
+
+    return Wiring.from_json(value).to_json()
 
 
 @dataclass
@@ -59,9 +71,9 @@ class Manifest:
         return self.key.id
 
     def to_json(self) -> dict:
-        return {
+        data = {
             "format": FORMAT,
-            "format_version": FORMAT_VERSION,
+            "format_version": PARTS_FORMAT_VERSION if self.info.wiring else FORMAT_VERSION,
             "graph_id": self.graph_id,
             "family": self.key.family.to_json(),
             "family_id": self.key.family.id,
@@ -79,6 +91,9 @@ class Manifest:
             "pack_version": self.pack_version,
             "origin": self.origin,
         }
+        if self.info.wiring:
+            data["parts"] = self.info.wiring
+        return data
 
     def dumps(self) -> bytes:
         return (json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n").encode()
@@ -106,6 +121,7 @@ class Manifest:
                     constant_names=[str(n) for n in data["constant_names"]],
                     input_paths=[str(p) for p in data.get("input_paths", [])],
                     needs=_needs(data.get("needs") if version >= 2 else {}),
+                    wiring=_wiring(data.get("parts")) if version >= 3 else None,
                 ),
                 signature=dict(data.get("signature") or {}),
                 created=str(data.get("created", "")),

@@ -41,7 +41,7 @@ from ..probes import cloned, narrowed_to_one, pinned_example, trace_example
 from ..shapes import SPATIAL, leaf_bounds
 from ..signature import FlatCall
 from ..verify import compare
-from . import package_builds
+from . import aot_parts, package_builds, program_split
 from .base import (UNLABELLED, Backend, BuildInProcess, BuildLabel, CompileFailed, CompiledGraph, PackageInfo, PendingGraph, Progress,
                    no_progress)
 from .export_guards import exported_shapes, guard_texts
@@ -211,7 +211,7 @@ class AotGraph(CompiledGraph):
         try:
             # Manifests written before needs were recorded: the package's own metadata says the ISA.
             machine_fit.check(info.needs or machine_fit.needs_of_package(_package_metadata(folder)))
-            self._runner = _load_runner(folder, package_bytes)
+            self._runner = _load_runner(folder, package_bytes, info.wiring)
             expected = set(self._runner.get_constant_fqns())
             if expected != set(self._names):
                 raise CompileFailed(
@@ -262,7 +262,7 @@ class AotGraph(CompiledGraph):
         """The same package with more guards (a narrower range): a new graph variant."""
         info = PackageInfo(guards=self.info.guards + guards, out_spec=self.info.out_spec,
                            constant_names=self.info.constant_names, input_paths=self.info.input_paths,
-                           extra=self.info.extra, needs=self.info.needs)
+                           extra=self.info.extra, needs=self.info.needs, wiring=self.info.wiring)
         graph = AotGraph(self.key.with_variant(info.guards), self._package_bytes, info, origin=self.origin)
         graph.build_usage = self.build_usage
         return graph
@@ -274,41 +274,47 @@ class AotGraph(CompiledGraph):
 
 def _package_metadata(folder: Path) -> Dict[str, str]:
     """The AOTI_* metadata torch wrote into an unpacked package (platform, machine, ISA, device)."""
-    found = sorted(folder.glob("*/data/aotinductor/model/*_metadata.json"))
+    found = sorted(folder.glob("*/data/aotinductor/*/*_metadata.json"))
     found.sort(key=lambda p: not p.name.endswith("wrapper_metadata.json"))  # the one torch's loader reads
     if not found:
         raise CompileFailed("the package has no AOTInductor model metadata (not an AOTInductor package?)")
     return {str(k): str(v) for k, v in json.loads(found[0].read_text()).items()}
 
 
-def _new_loader(path: str):
+def _new_loader(path: str, model: str = "model"):
     """torch._C._aoti.AOTIModelPackageLoader; its arguments grew over torch versions."""
     loader_class = torch._C._aoti.AOTIModelPackageLoader
-    for args in (("model", False, 1, -1), ("model", False, 1), ("model", False)):
+    for args in ((model, False, 1, -1), (model, False, 1), (model, False)):
         try:
             return loader_class(path, *args)
         except TypeError:
             continue
-    return loader_class(path, "model")
+    return loader_class(path, model)
 
 
-def _load_runner(folder: Path, package_bytes: bytes):
-    """Load an unpacked package (verified bytes, in the pack's own folder) without probing the CPU.
+def _load_runner(folder: Path, package_bytes: bytes, wiring: Optional[dict] = None):
+    """Load an unpacked package (verified bytes, in the pack's own folder) without probing the CPU; a graph in
+    parts (`wiring`) as one runner of its parts (aot_parts.py).
 
     torch >= 2.13 loads the unpacked folder in place; an older torch loads only
     a .pt2 file and unpacks it again into a folder of its own.
     """
     from torch._inductor.package.package import AOTICompiledModel
 
-    try:
-        loader = _new_loader(str(folder))
-    except RuntimeError as error:
-        if "zip" not in str(error).lower():
-            raise
-        path = folder / "graph.pt2"
-        path.write_bytes(package_bytes)
-        loader = _new_loader(str(path))
-    return AOTICompiledModel(loader)
+    def load(model: str):
+        try:
+            return AOTICompiledModel(_new_loader(str(folder), model))
+        except RuntimeError as error:
+            if "zip" not in str(error).lower():
+                raise
+            path = folder / "graph.pt2"
+            if not path.is_file():
+                path.write_bytes(package_bytes)
+            return AOTICompiledModel(_new_loader(str(path), model))
+
+    if wiring is None:
+        return load("model")
+    return aot_parts.ChainedRunner(load, program_split.Wiring.from_json(wiring))
 
 
 class Built(NamedTuple):
@@ -319,10 +325,11 @@ class Built(NamedTuple):
     names: List[str]
     needs: dict
     usage: dict
+    wiring: Optional[dict] = None  # a graph built in parts: which values each part takes and makes
 
 
 def build_package(ep: "torch.export.ExportedProgram", progress: Progress = no_progress,
-                  label: BuildLabel = UNLABELLED) -> Built:
+                  label: BuildLabel = UNLABELLED, parts: bool = False) -> Built:
     """AOTInductor package of an exported program, weights left out: the one place packages are built and
     waited for (whole models and transformer blocks).
 
@@ -330,7 +337,14 @@ def build_package(ep: "torch.export.ExportedProgram", progress: Progress = no_pr
     (SIGSEGV, killed for memory, a stack overflow) fails this graph with its reason and this process lives on;
     the child picks the CPU level (so the graph runs on every CPU of that level) with the ISA probe kept per
     machine. Where the program cannot travel to a child (BuildInProcess) it is built here, as before.
+    `parts`: a large program is cut into parts built side by side, one per core (program_split.py).
     """
+    count = program_split.part_count(ep, os.cpu_count() or 1) if parts else 1
+    if count > 1:
+        try:
+            return _build_in_parts(ep, count, progress, label)
+        except program_split.CannotSplit as why:
+            log.info("%s: built whole: %s", label.owner, why)
     try:
         build = package_builds.start(ep, dict(PACKAGE_CONFIG), label, probe=True, now=True)
     except BuildInProcess as why:
@@ -342,6 +356,51 @@ def build_package(ep: "torch.export.ExportedProgram", progress: Progress = no_pr
     except BaseException:
         build.cancel()  # interrupted (a cancelled prompt): nothing left running or on disk
         raise
+
+
+def _build_in_parts(ep: "torch.export.ExportedProgram", count: int, progress: Progress,
+                    label: BuildLabel) -> Built:
+    """The program cut into `count` parts, each built in its own process at once, joined into one package."""
+    split_parts, wiring = program_split.split_program(ep, count)
+    progress(f"compiling with AOTInductor in {count} parts, side by side", 0.3)
+    builds: List[package_builds.PackageBuild] = []
+    try:
+        for index, part in enumerate(split_parts):
+            builds.append(package_builds.start(part.program, dict(PACKAGE_CONFIG),
+                                               label._replace_what(f"{label.what} part {index + 1} of {count}"),
+                                               probe=True, now=True))
+        packages = [build.result() for build in builds]
+    except BuildInProcess as why:
+        raise program_split.CannotSplit(str(why)) from None
+    except BaseException:
+        for build in builds:
+            build.cancel()
+        raise
+    probe = builds[0].probe or {}
+    vec = (probe["vec_isa"], probe.get("vec_flags")) if probe.get("vec_isa") else None
+    with aot_parts.temporary_folder(extraction.run_folder()) as work:
+        try:
+            package = aot_parts.join_packages(packages, Path(work))
+        except Exception as error:  # noqa: BLE001 - torch's packager, or a part without a model
+            raise CompileFailed(f"the graph's parts could not be joined: {type(error).__name__}: "
+                                f"{_first_line(error)}") from error
+    usage = _parts_usage([build.usage for build in builds])
+    return read_package(package, probe.get("march"), progress, vec, wiring.to_json())._replace(usage=usage)
+
+
+def _parts_usage(usages: List[dict]) -> dict:
+    """The parts' builds as one: the largest peak memory; per phase, the slowest part's (they ran at once)."""
+    out: dict = {}
+    for key in ("peak_rss_mb", "compiler_peak_rss_mb"):
+        values = [u[key] for u in usages if key in u]
+        if values:
+            out[key] = max(values)
+    phases: Dict[str, float] = {}
+    for usage in usages:
+        for name, seconds in usage.get("phase_s", {}).items():
+            phases[name] = max(phases.get(name, 0.0), seconds)
+    out["phase_s"] = {**phases, "parts": float(len(usages))}
+    return out
 
 
 def _build_here(ep: "torch.export.ExportedProgram", progress: Progress) -> Built:
@@ -373,15 +432,15 @@ def package_configs() -> Tuple[Optional[str], dict]:
 
 
 def read_package(package: bytes, march: Optional[str], progress: Progress = no_progress,
-                 vec: Optional[tuple] = None) -> Built:
+                 vec: Optional[tuple] = None, wiring: Optional[dict] = None) -> Built:
     """(bytes, weight names, machine needs) of a package built here (in this process or a build process;
-    `vec`: the build process's vector ISA and flags, so no probe runs here)."""
+    `vec`: the build process's vector ISA and flags, so no probe runs here; `wiring`: a graph in parts)."""
     progress("loading the compiled package", 0.95)
     folder = extraction.extract(package, "compiled")
     try:
         needs = machine_fit.needs_of_package(_package_metadata(folder), march, built_here=True, vec=vec)
         try:
-            runner = _load_runner(folder, package)
+            runner = _load_runner(folder, package, wiring)
             names = sorted(runner.get_constant_fqns())
         except Exception as error:
             raise CompileFailed(f"the compiled package does not load: {type(error).__name__}: "
@@ -389,7 +448,7 @@ def read_package(package: bytes, march: Optional[str], progress: Progress = no_p
         del runner
     finally:
         extraction.remove(folder)
-    return Built(package, names, needs, {})
+    return Built(package, names, needs, {}, wiring)
 
 
 class AotBackend(Backend):
@@ -461,7 +520,8 @@ class AotBackend(Backend):
             raise CompileFailed("the model's output structure was not seen while tracing")
         progress("compiling with AOTInductor", 0.3)
         return _graph(traced, call, key, build_package(traced.ep, progress,
-                                                          BuildLabel(key.family.architecture, "graph", key.family.id)))
+                                                          BuildLabel(key.family.architecture, "graph", key.family.id),
+                                                          parts=True))
 
     def finish_compile(self, pending: "AotPending", module) -> AotGraph:
         """The graph of a background build, checked as `compile` checks one (the rare second trace at 1 runs
@@ -480,7 +540,7 @@ class AotBackend(Backend):
 
 def _graph(traced: Traced, call: FlatCall, key: GraphKey, built: Built) -> AotGraph:
     info = PackageInfo(guards=traced.guards, out_spec=dump_out_spec(traced.flat.out_spec),
-                       input_paths=call.tensor_paths)
+                       input_paths=call.tensor_paths, wiring=built.wiring)
     info.constant_names, info.needs = built.names, built.needs
     graph = AotGraph(key.with_variant(traced.guards), built.package, info, origin="compiled")
     graph.build_usage = {**built.usage, "phase_s": {"export_s": round(traced.seconds, 2),

@@ -85,6 +85,8 @@ class PackageInfo:
     extra: Dict[str, Any] = field(default_factory=dict)
     # What the package needs of the machine that loads it (compiler/machine_fit.py); empty if unknown.
     needs: Dict[str, Any] = field(default_factory=dict)
+    # A graph built in parts: which values each part takes and makes (program_split.Wiring.to_json); None: whole.
+    wiring: Optional[Dict[str, Any]] = None
 
 
 class CompiledGraph(ABC):
@@ -173,6 +175,9 @@ class BuildLabel:
     what: str
     family: str = ""
     owner_id: str = ""
+
+    def _replace_what(self, what: str) -> "BuildLabel":
+        return BuildLabel(self.owner, what, self.family, self.owner_id)
 
     @property
     def group(self) -> str:
