@@ -160,8 +160,8 @@ def test_format_1_manifests_still_load_and_a_newer_format_is_refused_by_name(sav
     assert len(registry.compiles) == 0
 
     data = json.loads(paths[0].read_text())
-    data["format_version"] = 3
-    with pytest.raises(ManifestError, match="format 3.*reads formats 1, 2"):
+    data["format_version"] = 4
+    with pytest.raises(ManifestError, match="format 4.*reads formats 1, 2, 3"):
         Manifest.from_json(data)
 
 

@@ -467,6 +467,7 @@ class AotBackend(Backend):
     def compile(self, module, forward_fn, call: FlatCall, key: GraphKey,
                 progress: Progress = no_progress) -> AotGraph:
         progress("tracing with torch.export", 0.05)
+        package_builds.prestart()  # its build process starts Python and torch while this process traces
         traced = trace(module, forward_fn, call, key.shape_range)
         graph = self._build(traced, call, key, progress)
         if traced.widened:

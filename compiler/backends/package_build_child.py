@@ -24,6 +24,7 @@ import os
 import sys
 import time
 import traceback
+from typing import Optional
 
 BEGUN = time.perf_counter()
 
@@ -38,20 +39,26 @@ def _weights(spec: dict):
     return made
 
 
-def _stop_when_the_parent_is_gone(folder: str) -> None:
+_job = {"folder": None, "watched": False}  # this process's build folder once it has one; the lifeline watched
+
+
+def _stop_when_the_parent_is_gone(folder: Optional[str]) -> None:
     """Watch the parent's lifeline (a pipe whose write end only the parent holds): end-of-file means the parent
     is gone, however it ended (SIGTERM and SIGKILL run no exit handler there). Then stop this build and the
     compilers it started (this process's group), remove its folder, and sweep what the parent left (its run
-    folder, with the sweep every process runs at start: compiler/extraction.py, loaded by path, stdlib only)."""
+    folder, with the sweep every process runs at start: compiler/extraction.py, loaded by path, stdlib only).
+    A spare (`spare`) watches from its start, before it has a folder."""
+    _job["folder"] = folder or _job["folder"]
     fd = os.environ.get("KEEPFAST_PARENT_LIFELINE_FD", "")
-    if not fd.isdigit():
+    if not fd.isdigit() or _job["watched"]:
         return
+    _job["watched"] = True
     import signal
     import threading
 
     # The clean-up runs in the main thread (a signal handler), so the build stops writing while it runs: a
     # blocked wait for a compiler is interrupted for it.
-    signal.signal(signal.SIGTERM, lambda *_: _clean_up_after_the_parent(folder))
+    signal.signal(signal.SIGTERM, lambda *_: _clean_up_after_the_parent(_job["folder"]))
 
     def watch() -> None:
         try:
@@ -64,7 +71,7 @@ def _stop_when_the_parent_is_gone(folder: str) -> None:
     threading.Thread(target=watch, name="keepfast-parent-lifeline", daemon=True).start()
 
 
-def _clean_up_after_the_parent(folder: str) -> None:
+def _clean_up_after_the_parent(folder: Optional[str]) -> None:
     import shutil
     import signal
     import time
@@ -74,6 +81,8 @@ def _clean_up_after_the_parent(folder: str) -> None:
         os.killpg(os.getpgrp(), signal.SIGTERM)  # the compiler processes (this one ignores it)
     except OSError:
         pass
+    if folder is None:  # a spare that had no build yet: nothing of its own to remove
+        os._exit(1)
     time.sleep(0.2)
     shutil.rmtree(folder, ignore_errors=True)
     sweeper = os.environ.get("KEEPFAST_SWEEPER")
@@ -270,5 +279,33 @@ def main(folder: str) -> int:
         return 1
 
 
+SPARE_WAIT_S = 600  # a spare that gets no build in this time ends (its memory is the parent's machine's)
+
+
+def spare(kept_isa_cache: str) -> int:
+    """A build process started before its build (package_builds.prestart): torch imported and the ISA probe run
+    while the parent traces the graph; then it reads its job folder from stdin and builds as `main` does. It ends
+    without building on end-of-file, after SPARE_WAIT_S, or with its parent."""
+    import select
+
+    _stop_when_the_parent_is_gone(None)
+    import torch  # noqa: F401 - what the spare is for
+
+    _probe_isa(kept_isa_cache)
+    ready, _, _ = select.select([sys.stdin], [], [], SPARE_WAIT_S)
+    folder = sys.stdin.readline().strip() if ready else ""
+    if not folder:
+        return 0
+    global BEGUN
+    BEGUN = time.perf_counter()  # its phases count from its build, not from its start
+    output = os.open(os.path.join(folder, "output.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(folder, "cache")
+    return main(folder)
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--spare":
+        sys.exit(spare(sys.argv[2]))
     sys.exit(main(sys.argv[1]))

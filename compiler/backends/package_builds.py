@@ -39,7 +39,8 @@ from .. import build_times, extraction
 from . import forked_trace
 from .base import UNLABELLED, BuildInProcess, BuildLabel, CompileFailed
 
-CHILD = Path(__file__).with_name("package_build_child.py")
+REAL_CHILD = Path(__file__).with_name("package_build_child.py")
+CHILD = REAL_CHILD  # what a build process runs (tests put scripts of their own here)
 SWEEPER = Path(__file__).resolve().parent.parent / "extraction.py"  # stdlib only: a child loads it by path
 MACHINE_FIT = Path(__file__).resolve().parent.parent / "machine_fit.py"  # stdlib at the top: loaded by path too
 LIFELINE_ENV = "KEEPFAST_PARENT_LIFELINE_FD"
@@ -163,22 +164,16 @@ class PackageBuild:
 
     def _launch(self) -> None:
         try:
-            with open(self.folder / "output.txt", "w") as output:
-                # Its own Inductor cache, removed with the folder: two processes building the same graph at once
-                # in one cache can read each other's half-written files.
-                # This process's import path, so the child finds the modules of the graph's custom operators.
-                # The lifeline's read end: it reads end-of-file when this process is gone, however it ended
-                # (ComfyUI stopped with SIGTERM or SIGKILL runs no exit handler), and the child then stops its
-                # build and removes what this process left (package_build_child.py).
-                lifeline = _lifeline_read_end()
-                env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCHINDUCTOR_CACHE_DIR": str(self.folder / "cache"),
-                       "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), LIFELINE_ENV: str(lifeline),
-                       "KEEPFAST_SWEEPER": str(SWEEPER)}
-                # A session of its own: a terminal's Ctrl-C reaches ComfyUI, which stops the build itself, and
-                # cancelling kills the build's compiler processes with it (the whole group).
-                self.process = subprocess.Popen([sys.executable, str(CHILD), str(self.folder)], stdout=output,
-                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                                pass_fds=(lifeline,), start_new_session=True)
+            self.process = _take_spare(self.folder)
+            if self.process is None:
+                with open(self.folder / "output.txt", "w") as output:
+                    # Its own Inductor cache, removed with the folder: two processes building the same graph at
+                    # once in one cache can read each other's half-written files.
+                    self.process = subprocess.Popen([sys.executable, str(CHILD), str(self.folder)], stdout=output,
+                                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                    **_child_options({"TORCHINDUCTOR_CACHE_DIR":
+                                                                      str(self.folder / "cache")}))
+            prestart()  # the next build's
         except Exception as error:  # noqa: BLE001 - read as a failed build
             self.failed_to_start = f"the build process could not start: {type(error).__name__}: {error}"
             self._ended()
@@ -344,6 +339,83 @@ class PackageBuild:
         _pump()
         if was_live:
             _notify()
+
+
+def _child_options(extra_env: Dict[str, str]) -> Dict[str, Any]:
+    """How a build process is started. This process's import path, so the child finds the modules of the graph's
+    custom operators. The lifeline's read end: it reads end-of-file when this process is gone, however it ended
+    (ComfyUI stopped with SIGTERM or SIGKILL runs no exit handler), and the child then stops its build and removes
+    what this process left (package_build_child.py). A session of its own: a terminal's Ctrl-C reaches ComfyUI,
+    which stops the build itself, and cancelling kills the build's compiler processes with it (the whole group)."""
+    lifeline = _lifeline_read_end()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+           LIFELINE_ENV: str(lifeline), "KEEPFAST_SWEEPER": str(SWEEPER), **extra_env}
+    return dict(env=env, pass_fds=(lifeline,), start_new_session=True)
+
+
+# A build process started ahead of its build (package_build_child.spare): (process, the child script it runs,
+# the pid of the process that started it). Starting Python and importing torch takes seconds (about 4 s on a busy
+# 2-core CPU): a spare does it while this process traces the graph, or between builds.
+_spare: Optional[Tuple[subprocess.Popen, Path, int]] = None
+SPARE_ENV = "KEEPFAST_SPARE_BUILDER"
+
+
+def prestart() -> None:
+    """Have a spare build process ready for the next build (KEEPFAST_SPARE_BUILDER=0: never)."""
+    global _spare
+    if os.environ.get(SPARE_ENV, "1") == "0" or CHILD != REAL_CHILD:  # a test's own child script takes no job so
+        return
+    with _lock:
+        if _spare is not None and _spare[2] == os.getpid() and _spare[1] == CHILD and _spare[0].poll() is None:
+            return
+        _stop_spare()
+        try:
+            log_file = open(extraction.run_folder() / "spare-builder.txt", "a")
+            with log_file:
+                process = subprocess.Popen([sys.executable, str(CHILD), "--spare", str(isa_cache())],
+                                           stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT,
+                                           **_child_options({}))
+        except Exception:  # noqa: BLE001 - no spare: the next build starts its own process, as always
+            return
+        _spare = (process, CHILD, os.getpid())
+
+
+def _take_spare(folder: Path) -> Optional[subprocess.Popen]:
+    """The spare build process, given `folder` as its build (None: there is none for this process and child)."""
+    global _spare
+    with _lock:
+        spare, _spare = _spare, None
+    if spare is None or spare[2] != os.getpid() or spare[1] != CHILD or spare[0].poll() is not None:
+        if spare is not None and spare[2] == os.getpid():
+            _kill(spare[0])
+        return None
+    process = spare[0]
+    try:
+        process.stdin.write(f"{folder}\n".encode())
+        process.stdin.close()
+    except OSError:
+        _kill(process)
+        return None
+    return process
+
+
+def _stop_spare() -> None:
+    global _spare
+    with _lock:
+        spare, _spare = _spare, None
+    if spare is not None and spare[2] == os.getpid():
+        _kill(spare[0])
+
+
+def _kill(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        process.wait(timeout=5)
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _read_usage(folder: Path) -> Dict[str, Any]:
@@ -525,3 +597,4 @@ def _cancel_all() -> None:
         builds = list(_live)
     for build in builds:
         build.cancel()
+    _stop_spare()

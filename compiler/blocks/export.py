@@ -177,6 +177,7 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
     (the family's `block_forward`), with `tracing(module)` entered around the trace.
     """
     progress("tracing with torch.export", 0.05)
+    package_builds.prestart()  # its build process starts Python and torch while this process traces
     traced = trace_block(module, call, bounds, key, forward, tracing)
     progress("compiling with AOTInductor", 0.3)
     with third_party_quiet():
@@ -255,7 +256,7 @@ def inline_code_constants(program: Any) -> int:
             continue
         node = placeholders[spec.arg.name]
         with graph.inserting_before(first_op):
-            made = _ops_making(graph, value)
+            made = _ops_making(graph, value, getattr(node.meta.get("val"), "fake_mode", None))
         made.meta.update(node.meta)
         node.replace_all_uses_with(made)
         graph.erase_node(node)
@@ -268,22 +269,32 @@ def inline_code_constants(program: Any) -> int:
     return rebuilt
 
 
-def _ops_making(graph: Any, value: torch.Tensor) -> Any:
-    """FX nodes computing `value` from Python numbers only."""
+def _ops_making(graph: Any, value: torch.Tensor, fake_mode: Any = None) -> Any:
+    """FX nodes computing `value` from Python numbers only, each with the value it makes (`val`, a fake tensor
+    of the program's fake mode: what saving the program to a build process checks)."""
     aten = torch.ops.aten
     flat = value.detach().cpu().reshape(-1)
     items = flat.tolist()
     options = {"dtype": value.dtype, "device": value.device}
+
+    def op(target, args, kwargs=None):
+        node = graph.call_function(target, args, kwargs or {})
+        if fake_mode is not None:
+            fake_args = torch.fx.node.map_aggregate(args, lambda a: a.meta["val"] if isinstance(a, torch.fx.Node) else a)
+            with fake_mode:
+                node.meta["val"] = target(*fake_args, **(kwargs or {}))
+        return node
+
     steps = {b - a for a, b in zip(items, items[1:])}
     if len(items) > 1 and len(steps) == 1 and not value.is_floating_point() and value.dtype != torch.bool \
             and next(iter(steps)) != 0:
         step = next(iter(steps))
-        node = graph.call_function(aten.arange.start_step, (items[0], items[0] + step * len(items), step), options)
+        node = op(aten.arange.start_step, (items[0], items[0] + step * len(items), step), options)
     else:
-        parts = [graph.call_function(aten.full.default, ([1], item), options) for item in items]
-        node = parts[0] if len(parts) == 1 else graph.call_function(aten.cat.default, (parts,))
+        parts = [op(aten.full.default, ([1], item), options) for item in items]
+        node = parts[0] if len(parts) == 1 else op(aten.cat.default, (parts,))
     if tuple(value.shape) != (len(items),):
-        node = graph.call_function(aten.view.default, (node, list(value.shape)))
+        node = op(aten.view.default, (node, list(value.shape)))
     return node
 
 
