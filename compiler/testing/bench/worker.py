@@ -42,7 +42,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
-
+from . import phases
 
 _T0 = time.perf_counter()
 
@@ -196,6 +196,11 @@ def run_job(job: Dict[str, Any]) -> Dict[str, Any]:
     result["first_call_shape"] = list(base)
     if registry is not None:
         result["first_call_loads"] = len(registry.loads)
+    # Where the first call's compile time went (phases.py): ours from its builds, torch.compile from its timers.
+    if registry is not None and registry.compiles:
+        result["first_call_phases"] = phases.ours_phases([e.detail for e in registry.compiles])
+    elif variant in ("torch_compile", "torch_compile_blocks"):
+        result["first_call_phases"] = phases.torch_compile_phases()
     result["rss_after_first_call_mb"] = _rss_mb()
 
     # -- torch.compile's steady state on the graph specialised to the first shape, before any other shape
@@ -246,7 +251,8 @@ def _finish(result, variant, count, registry, wrapper, watcher, job, cuda) -> Di
     if registry is not None:
         result["loads_total"] = len(registry.loads)
         result["events"] = [
-            {"kind": e.kind, "reason": e.reason[:300], "seconds": round(e.seconds, 3)}
+            {"kind": e.kind, "reason": e.reason[:300], "seconds": round(e.seconds, 3),
+             **({"phase_s": e.detail["phase_s"]} if "phase_s" in (e.detail or {}) else {})}
             for e in registry.events if e.kind in ("compile", "load", "fallback", "refused")
         ]
         result["fallbacks"] = len(registry.fallbacks)

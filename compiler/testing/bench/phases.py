@@ -1,0 +1,61 @@
+"""Where a cold compile's time goes, under one set of names for ours and for torch.compile.
+
+Ours: each build reports its phases (`phase_s` in the compile event: the trace with torch.export in the caller,
+the build process's start and reading of the program, then AOTInductor's own phases, package_build_child.py).
+torch.compile: Inductor's and Dynamo's own timers in the worker process (torch._dynamo.utils.
+compilation_time_metrics), read after the first call. The same Inductor phases (lowering, scheduling, code
+generation) carry the same names; what differs is named for what it is.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List
+
+# Rows of the report's phase table, in order: (key, what it is).
+ROWS = (
+    ("export_s", "trace (ours: torch.export in the caller; torch.compile: Dynamo)"),
+    ("startup_s", "build process start (ours)"),
+    ("read_program_s", "build process reads the program (ours)"),
+    ("aot_trace_s", "AOT autograd trace of the graph"),
+    ("lowering_s", "Inductor lowering"),
+    ("scheduling_s", "Inductor scheduling and fusion"),
+    ("codegen_s", "Inductor code generation"),
+    ("cpp_build_s", "C++ build (ours: wrapper and kernels; torch.compile: waiting for kernel builds)"),
+    ("parts", "parts built side by side (ours)"),
+)
+
+# torch.compile: our names -> the timers that make them up.
+_TORCH_COMPILE = {
+    "export_s": ("bytecode_tracing",),
+    "lowering_s": ("GraphLowering.run",),
+    "scheduling_s": ("Scheduler.__init__",),
+    "codegen_s": ("GraphLowering.codegen",),
+    "cpp_build_s": ("async_compile.wait",),
+}
+
+
+def torch_compile_phases() -> Dict[str, float]:
+    """The phases of every compile this process ran so far with torch.compile (seconds, summed)."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    def total(names: Iterable[str]) -> float:
+        return sum(sum(compilation_time_metrics.get(name, [])) for name in names)
+
+    out = {key: round(total(names), 2) for key, names in _TORCH_COMPILE.items()}
+    inner = total(("compile_fx.<locals>.fw_compiler_base",))
+    aot = total(("create_aot_dispatcher_function",))
+    if aot:
+        out["aot_trace_s"] = round(max(0.0, aot - inner), 2)
+    return {key: value for key, value in out.items() if value}
+
+
+def ours_phases(compile_details: List[dict]) -> Dict[str, float]:
+    """The phases of our compiles (their events' `phase_s`), summed over compiles; `parts` the largest count."""
+    out: Dict[str, float] = {}
+    for detail in compile_details:
+        for key, value in (detail.get("phase_s") or {}).items():
+            if key == "parts":
+                out[key] = max(out.get(key, 0.0), value)
+            else:
+                out[key] = round(out.get(key, 0.0) + value, 2)
+    return out
