@@ -32,6 +32,7 @@ from .backends.base import (BuildInProcess, BuildLabel, CannotServe, CompileDefe
 from .binding import CallBinder, CallDoesNotBind
 from .boundary import Failure, contain, expected_failure, stage
 from .flat_module import ForwardFn
+from .input_casts import CastGraph
 from .keys import FamilyKey, GraphKey
 from .library import GraphLibrary
 from .probes import corner_targets, reshape_call
@@ -127,6 +128,7 @@ class CompiledForward:
         self._building: Dict[str, str] = {}
         # family id -> (when to look again, why): another process builds its graph for the shared store
         self._elsewhere: Dict[str, Tuple[float, str]] = {}
+        self._no_cast: set = set()  # family ids whose calls a graph with cast inputs served wrong (input_casts.py)
         self._blocking = 0  # inside warmup: builds are waited for
         self.last: Optional[Served] = None
         self.eager_calls = 0
@@ -270,6 +272,11 @@ class CompiledForward:
                 return None, why or reason, None
             verdict = self.registry.verdicts.get(graph.key.id, shapes)
             if verdict is not None and not verdict.ok:
+                if isinstance(graph, CastGraph):  # the model does not cast these inputs as the graph does
+                    self.registry.remove(graph.key.id)
+                    self._no_cast.add(family.id)
+                    why = f"{graph.describe_casts(call.tensor_paths)} disagreed with the model; its own graph is due"
+                    continue
                 raise _Retired(retired_reason(graph.key.id, call.tensor_paths, call.shapes, verdict))
             copies = snapshot(args, kwargs) if self.options.verify and verdict is None else None
             try:
@@ -365,6 +372,14 @@ class CompiledForward:
                 return None, f"not compiled now: {elsewhere[1]}"
             with stage("loading a stored graph"):
                 graph, reason = self._load(family, call)
+            if graph is None and family.id not in self._no_cast:
+                with stage("looking for a graph that takes this call with its inputs cast"):
+                    graph = self.library.cast_sibling(family, call, self.label)
+                if graph is not None:
+                    note = (f"served by {graph.describe_casts(call.tensor_paths)}, as the model casts them itself "
+                            "(the first call of each size is compared with the model's own output)")
+                    log.info("%s: %s", self.label, note)
+                    self.registry.record(PROGRESS, family, f"{self.label}: {note}", detail={"fraction": 1.0})
             if graph is None:
                 try:
                     graph, reason = self._compile_for(family, call, reason or why, progress)
@@ -575,6 +590,7 @@ class CompiledForward:
                     log.warning("%s: the background build failed: %s", self.label, why)
                     continue
                 self.registry.add(graph)
+                self.registry.note_signature(family.signature, building.call.signature.to_json())
                 whose = "" if building.started_by == self._owner_id else ", started earlier for this model"
                 self.registry.record(COMPILE, family, f"{self.label}: {building.reason} (built in the background"
                                      f"{whose})", seconds=building.pending.seconds, graph_id=graph.key.id,
@@ -653,6 +669,7 @@ class CompiledForward:
             return None, f"compile failed: {type(error).__name__}: {error}"
         seconds = time.perf_counter() - started
         self.registry.add(graph)
+        self.registry.note_signature(family.signature, call.signature.to_json())
         self.registry.record(COMPILE, family, f"{label}: {reason}", seconds=seconds, graph_id=graph.key.id,
                              detail={"shapes": [list(s) for s in call.shapes], **getattr(graph, "build_usage", {})})
         report("compiled", 1.0)

@@ -81,8 +81,39 @@ class GraphLibrary:
         except GraphRefused as error:
             raise self._refused(label, family, str(error), stored) from None
         self.registry.add(graph)
+        self.registry.note_signature(family.signature, stored.manifest.signature)
         self.registry.record(LOAD, family, f"{label}: loaded {stored.name} from {where.root}",
                              seconds=time.perf_counter() - started, graph_id=graph.key.id)
+        return graph
+
+    def cast_sibling(self, family: FamilyKey, call: FlatCall, label: str) -> Optional[CompiledGraph]:
+        """A graph of the same model that serves `call` with floating inputs cast (input_casts.py), in memory or
+        stored (then loaded), as a CastGraph registered under `family`; None when there is none."""
+        from .input_casts import CastGraph, best, cast_call, cast_plan, same_but_signature
+
+        signature = call.signature.to_json()
+        candidates = []
+        for graph in self.registry.graphs():
+            have = graph.key.family
+            known = self.registry.signature(have.signature)
+            if isinstance(graph, CastGraph) or have.signature == family.signature or known is None \
+                    or not same_but_signature(have, family):
+                continue
+            casts = cast_plan(signature, known)
+            if casts is not None and graph.why_not(cast_call(call, casts)) is None:
+                candidates.append((graph, casts))
+        found = best(candidates)
+        if found is None and self.store is not None:
+            stored = best(self.store.siblings(family, call))
+            if stored is not None:
+                try:
+                    found = (self.load(stored[0], stored[0].manifest.key.family, label), stored[1])
+                except GraphRefused:
+                    found = None
+        if found is None:
+            return None
+        graph = CastGraph(found[0], family, found[1])
+        self.registry.add(graph)
         return graph
 
     def _refused(self, label: str, family: FamilyKey, reason: str, stored: StoredGraph) -> GraphRefused:

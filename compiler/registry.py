@@ -185,6 +185,13 @@ class GraphCache:
         with self._lock:
             return list(self._graphs.values())
 
+    def remove(self, graph_id: str) -> None:
+        with self._lock:
+            graph = self._graphs.pop(graph_id, None)
+            if graph is not None:
+                self._families[graph.key.family.id].remove(graph_id)
+                self.generation += 1
+
     def family_graphs(self, family: FamilyKey) -> List[CompiledGraph]:
         with self._lock:
             return [self._graphs[i] for i in self._families.get(family.id, ()) if i in self._graphs]
@@ -209,6 +216,18 @@ class GraphRegistry:
         self.verdicts = Verdicts()
         # Whole-model graphs building in the background, until a wrapper of their model takes them in.
         self.builds = BuildBook()
+        # The input structure (Signature.to_json) behind each family signature id of the graphs in memory: what
+        # a call in other floating dtypes is matched against (input_casts.py).
+        self._signatures: Dict[str, dict] = {}
+
+    def note_signature(self, signature_id: str, signature: dict) -> None:
+        self._signatures[signature_id] = signature
+
+    def signature(self, signature_id: str) -> Optional[dict]:
+        return self._signatures.get(signature_id)
+
+    def remove(self, graph_id: str) -> None:
+        self.cache.remove(graph_id)
 
     def _evicted(self, graph: CompiledGraph) -> None:
         self.log.record(EVICT, graph.key.family, "registry full (least recently used)", graph_id=graph.key.id)

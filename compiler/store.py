@@ -180,6 +180,34 @@ class GraphStore:
                 return StoredGraph(manifest, path), notes
         return None, notes
 
+    def siblings(self, family: FamilyKey, call: FlatCall) -> List[Tuple[StoredGraph, "Casts"]]:
+        """Stored graphs of the same model, dtype, device and backend that serve `call` with some of its floating
+        inputs cast to other dtypes (input_casts.py), with those casts."""
+        from .input_casts import cast_plan, same_but_signature
+
+        out = []
+        folder = self.folder_for(family)
+        if not folder.is_dir():
+            return out
+        signature = call.signature.to_json()
+        for path in self._manifest_paths(folder):
+            try:
+                manifest = self._read_manifest(path)
+            except (ManifestError, OSError):
+                continue  # lookup() already noted it
+            have = manifest.key.family
+            if have.signature == family.signature or not same_but_signature(have, family) or manifest.superseded():
+                continue
+            casts = cast_plan(signature, manifest.signature)
+            if casts is None:
+                continue
+            try:
+                if GuardSet(manifest.info.guards).first_failure(call.shapes) is None:
+                    out.append((StoredGraph(manifest, path), casts))
+            except (GuardSyntaxError, SyntaxError):
+                continue
+        return out
+
     # -- verifying and loading ----------------------------------------------
     def problems(self, stored: StoredGraph) -> List[str]:
         """Integrity problems of a stored graph (empty when it verifies)."""
@@ -341,6 +369,9 @@ class MultiRootStore(GraphStore):
             found, more = store.lookup(family, call)
             notes += more
         return found, notes
+
+    def siblings(self, family: FamilyKey, call: FlatCall) -> List[Tuple[StoredGraph, "Casts"]]:
+        return [found for store in self.stores for found in GraphStore.siblings(store, family, call)]
 
     def store_for(self, path: Path) -> Tuple[GraphStore, str]:
         """The store holding `path` and the graph's name in it."""

@@ -117,3 +117,34 @@ def prompt_embeds(batch: int = 1, length: int = 77, dim: int = 32, seed: int = 0
                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(batch, length, dim, generator=generator).to(dtype)
+
+
+# -- the real configs' depth at narrow widths ----------------------------------------------------------------
+# Compile time follows depth (levels, layers per block, attention placement, transformer layers per block), not
+# width: these keep every depth setting of the real configs (compiler/testing/bench/models.py, one source) and
+# narrow only the channels, so a test sees the real graphs' structure (nested down- and up-sampling, SDXL's ten
+# transformer layers per block) at a size a CPU compiles in minutes.
+NARROW_SD15 = dict(block_out_channels=(32, 32, 64, 64), norm_num_groups=8)
+NARROW_SDXL = dict(block_out_channels=(40, 80, 160), norm_num_groups=8)  # heads 5/10/20 of 8 channels each
+NARROW_VAE = dict(block_out_channels=(32, 32, 64, 64), norm_num_groups=8)
+
+
+def real_depth_unet(name: str, seed: int = 0):
+    """SD1.5's (`sd15`) or SDXL's (`sdxl`) UNet at its real depth, narrow widths, real conditioning sizes."""
+    from diffusers import UNet2DConditionModel
+
+    from .bench.models import SD15_UNET, SDXL_UNET
+
+    config = {"sd15": {**SD15_UNET, **NARROW_SD15}, "sdxl": {**SDXL_UNET, **NARROW_SDXL}}[name]
+    torch.manual_seed(seed)
+    return UNet2DConditionModel(**config).eval()
+
+
+def real_depth_vae_decoder(seed: int = 0):
+    """The SD/SDXL VAE's decoder at its real depth (4 levels, 3 resnets each, mid-block attention), narrow."""
+    from diffusers import AutoencoderKL
+
+    from .bench.models import SD_VAE
+
+    torch.manual_seed(seed)
+    return AutoencoderKL(**{**SD_VAE, **NARROW_VAE}).decoder.eval()
