@@ -127,3 +127,13 @@ def test_a_parent_stopped_mid_trace_leaves_no_process_and_no_files(tmp_path, how
     assert stopped.ran
     assert gone(stopped.pid), "the trace process outlived its parent"
     assert not stopped.run.exists() and not list(stopped.temp.rglob("build-*")), sorted(stopped.temp.rglob("*"))
+
+
+def test_a_parent_gone_before_its_trace_process_started_leaves_no_process_and_no_files(tmp_path):
+    """The trace process holds a copy of its parent's run lock from the fork: it lets go of it even when the parent
+    is gone before the child's first step (a busy CI machine), else the parent's folder is never swept."""
+    stopped = stop_parent_mid_build(tmp_path, signal.SIGKILL, {"KEEPFAST_TEST_STOP_IN_TRACE": "1",
+                                                               "KEEPFAST_TEST_TRACE_START_DELAY_S": "3"})
+    assert stopped.ran
+    assert gone(stopped.pid), "the trace process outlived its parent"
+    assert not stopped.run.exists() and not list(stopped.temp.rglob("build-*")), sorted(stopped.temp.rglob("*"))

@@ -171,6 +171,7 @@ def _fork(work: Callable[[], None], error_file: Path) -> int:
     finally:
         try:
             if os.getppid() != parent:  # the parent is gone: remove what it left, as its build processes do
+                extraction.leave_parents_run()  # a parent gone before _become_child got that far: its lock's copy
                 extraction.sweep()
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
@@ -195,6 +196,7 @@ def _become_child(parent: int) -> None:
         if os.getppid() != parent:
             raise _ParentGone()
 
+    extraction.leave_parents_run()  # first: a parent gone before the checks below leaves its lock to be swept
     # Streams and log handlers may be wrapped in locks that another thread of the parent held at the fork (ComfyUI's
     # log interceptor has one): the child writes to the bare file descriptors and logs nothing.
     logging.disable(logging.CRITICAL)
@@ -205,7 +207,6 @@ def _become_child(parent: int) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != parent:  # the parent died before the signal was set
         raise _ParentGone()
-    extraction.leave_parents_run()
     try:
         os.nice(10)
     except OSError:

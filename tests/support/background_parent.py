@@ -4,7 +4,8 @@
     python background_parent.py   (KEEPFAST_TEST_BUILD_DELAY_S long: the build is still running when killed)
 
 With KEEPFAST_TEST_STOP_IN_TRACE=1 the trace (in a forked process) sleeps, and the pid printed is the trace
-process's (tests/test_forked_trace.py).
+process's (tests/test_forked_trace.py). KEEPFAST_TEST_TRACE_START_DELAY_S holds the trace process back before it
+takes its first step as a child (a busy machine: the parent can be gone before its child has started).
 """
 
 import os
@@ -29,6 +30,17 @@ if in_trace:
     from compiler.backends import aot  # noqa: E402
 
     aot.trace = lambda *args, **kwargs: time.sleep(3600)
+start_delay = float(os.environ.get("KEEPFAST_TEST_TRACE_START_DELAY_S", "0"))
+if start_delay:
+    from compiler.backends import forked_trace  # noqa: E402
+
+    become_child = forked_trace._become_child
+
+    def _late_child(parent: int) -> None:
+        time.sleep(start_delay)
+        become_child(parent)
+
+    forked_trace._become_child = _late_child
 unet = tiny_unet(seed=6)
 forward = compile_module(unet, CompileOptions(shape_range=ShapeRange(batch=(1, 2), spatial=(8, 16)),
                                               background=True), GraphRegistry())
