@@ -729,6 +729,25 @@ class CompiledForward:
         return None
 
     # -- ahead of time --------------------------------------------------------
+    def start_builds(self, calls: Iterable[Tuple[tuple, dict]]) -> int:
+        """Start the background builds of graphs these example calls need (none is waited for, none runs);
+        returns how many started. Without background builds, a no-op: warmup() is the waiting kind."""
+        if not self.options.background:
+            return 0
+        started = 0
+        for args, kwargs in calls:
+            try:
+                call = self.flatten(args, kwargs)
+                family = self.family_for(call)
+                if self.registry.find(family, call)[0] is not None or family.id in self._building:
+                    continue
+                before = len(self._building)
+                self.obtain(family, call, "a state the declared range meets, built ahead")
+                started += len(self._building) - before
+            except Exception as error:  # noqa: BLE001 - ahead of time only: the call itself tries again
+                log.info("%s: not built ahead: %s", self.label, error)
+        return started
+
     def warmup(self, calls: Iterable[Tuple[tuple, dict]], progress: Optional[Progress] = None) -> List[Served]:
         """Make sure a graph serves each example call; one result per call (output None).
 

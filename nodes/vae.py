@@ -81,6 +81,7 @@ class VaeRunner:
         self.temporal = _temporal_ratio(vae) if self.whole_video else None
         self.unserved: Optional[str] = None  # why every call runs eager (a video VAE served neither way)
         self.chunks: Dict[str, ChunkServer] = {}
+        self._states_built: set = set()  # chunk ops whose every cache state's build has been started
         for op, name in CHUNK_MODULES.items():
             part = getattr(self.module, name, None)
             if takes_feature_cache(part):
@@ -103,8 +104,8 @@ class VaeRunner:
         frames = None
         if self.whole_video:  # latent frames for decode, video frames for encode
             frames = (1, max(1, self.temporal(s.max_frames))) if op == "decode" else (1, max(1, s.max_frames))
-        if op == "decode":
-            return dataclasses.replace(latent, frames=frames)
+        if op == "decode":  # a decoder only upsamples: latent sizes free (compiler/alignment.py counts the encoder's)
+            return dataclasses.replace(latent, frames=frames, spatial_multiple=1)
         return ShapeRange(batch=latent.batch, spatial=(latent.spatial[0] * self.scale, latent.spatial[1] * self.scale),
                           frames=frames)
 
@@ -123,6 +124,9 @@ class VaeRunner:
         """Serve one decode or encode; the autoencoder's own method is what runs when no graph can."""
         method = getattr(self.module, op)
         if op in self.chunks:  # the autoencoder's own loop over chunks, each chunk served by a graph
+            if self.settings.background and op not in self._states_built and isinstance(sample, torch.Tensor):
+                self._states_built.add(op)  # every cache state the frame range meets, building from the first video
+                self.chunks[op].start_builds_for_states(lambda: self._example_video(op, sample))
             with self.chunks[op].active():
                 return method(sample, **options)
         reason = self.unserved
@@ -158,6 +162,13 @@ class VaeRunner:
         (LTX-Video: 9), so no frame count of 1 is traced; as latent frames for decode."""
         video = next((f for f in range(2, 257) if self.temporal(f) >= 2), 2)
         return (self.temporal(video),) if op == "decode" else (video,)
+
+    def _example_video(self, op: str, like: torch.Tensor) -> None:
+        """`op` run on one example video of EXAMPLE_CHUNKS chunks at `like`'s size (recorded by the chunk server)."""
+        shape = list(like.shape)
+        shape[0], shape[2] = 1, example_frames(op == "decode")
+        with torch.no_grad():
+            getattr(self.module, op)(torch.randn(shape, dtype=like.dtype, device=like.device))
 
     def _chunk_calls(self, op: str, sizes: List[Tuple[int, int]], batches: List[int]) -> List[Tuple[tuple, dict]]:
         """The chunk calls an example video makes (one per cache state and shape), from one eager run each."""

@@ -88,6 +88,11 @@ def test_the_vae_decoder_at_its_real_depth_compiles_once_and_serves_every_call_e
             yield (torch.randn(batch, 4, height, width, generator=generator),), {}
 
     worst, first, after, eager, registry = _served(decoder, calls)
-    assert first == 1 and after == 0, [e.reason for e in registry.compiles]
+    reasons = [e.reason for e in registry.compiles]
+    # On the CPU, ATen picks its convolution algorithm by whether the batch is over 1 and torch.export records
+    # that as a guard (batch >= 2): the first call then also compiles the range corner at batch 1, in the same
+    # call. Nothing compiles after it.
+    assert after == 0 and 1 <= first <= 2, reasons
+    assert all("range corner batch 1" in reason for reason in reasons[1:]), reasons
     assert eager == [] and registry.mismatches == []
     assert worst < TOLERANCE, worst

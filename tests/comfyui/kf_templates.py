@@ -260,3 +260,10 @@ def save_frames(prompt: dict, prefix: str) -> dict:
             if not str(node["inputs"]["filename_prefix"]).startswith(prefix):
                 node["inputs"]["filename_prefix"] = f"{prefix}_out"
     return prompt
+
+
+def insert_lora(prompt: dict, object_info: dict, lora_name: str, strength: float) -> List[str]:
+    """A LoraLoaderModelOnly right after each model loader, before whatever took the loader's model (call it
+    after add_speedups: the change then sits upstream of KeepFast Model Speedup, as a user's LoRA does)."""
+    return _insert_after(prompt, MODEL_SOURCES, "LoraLoaderModelOnly", "model",
+                         {"lora_name": lora_name, "strength_model": strength}, object_info, "lora")
