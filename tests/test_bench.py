@@ -112,8 +112,10 @@ def test_cli_has_the_bench_command():
 
     args = build_parser().parse_args(["bench", "--out", "somewhere", "--quick", "--models", "sd15,vae"])
     assert args.command == "bench" and args.quick and args.models == ["sd15", "vae"]
+    transformers = build_parser().parse_args(["bench", "--out", "x", "--models", "sd3,qwen-image,zimage"])
+    assert transformers.models == ["sd3", "qwen-image", "zimage"]
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["bench", "--out", "x", "--models", "sd3"])
+        build_parser().parse_args(["bench", "--out", "x", "--models", "sd4"])
 
 
 def test_comfyui_part_says_why_it_did_not_run(monkeypatch, tmp_path):

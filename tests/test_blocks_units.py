@@ -86,7 +86,10 @@ def test_padded_tokens_change_between_the_probes():
     geometry = T.Geometry(patch=2, token_multiple=32)
     assert geometry.padded(7) == 32 and geometry.padded(64) == 64 and geometry.padded(65) == 96
     for rng in (ShapeRange(batch=(1, 4), spatial=(8, 128), sequence=(1, 231)),
-                ShapeRange(batch=(1, 1), spatial=(16, 64), sequence=(1, 77))):
+                ShapeRange(batch=(1, 1), spatial=(16, 64), sequence=(1, 77)),
+                # text pads to 32 or 64 only, as the smallest sides' image tokens do: larger sides are taken
+                ShapeRange(batch=(1, 3), spatial=(8, 24), sequence=(1, 40)),
+                ShapeRange(batch=(1, 2), spatial=(16, 32), sequence=(1, 64))):
         first, second = T.probe_dims(geometry, rng, 2)
         a, b = T.counts_of(geometry, first), T.counts_of(geometry, second)
         for role in (T.TOKENS, T.SEQUENCE, T.JOINT):

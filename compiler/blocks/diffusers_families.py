@@ -12,7 +12,11 @@ block graphs prepared from it serve the pipeline's calls:
 - Wan 2.1/2.2 (`WanTransformer3DModel`): latents `[B, C, F, H, W]`, frames a
   separate axis; image-to-video checkpoints also take 257 image tokens;
 - Qwen-Image (`QwenImageTransformer2DModel`): packed latents and `img_shapes`;
-  the pipeline passes no text mask for an unpadded prompt.
+  the pipeline passes no text mask for an unpadded prompt;
+- Z-Image (`ZImageTransformer2DModel`): per-sample lists of latents
+  `[C, 1, H, W]` and of prompt embeddings `[L, D]` (the pipeline strips each
+  prompt's padding); the model pads both to a multiple of 32 tokens and
+  batches them before its blocks, which see `[B, tokens, dim]` tensors.
 """
 
 from __future__ import annotations
@@ -141,6 +145,39 @@ class QwenImageFamily(DiffusersFamily):
         return (), kwargs
 
 
+class ZImageFamily(DiffusersFamily):
+    """Z-Image (Turbo): one block class in three stacks.
+
+    `noise_refiner` (image tokens) and `layers` (image then text tokens) are
+    the same structure, `context_refiner` (text tokens, no time modulation)
+    another; the stacks are kept apart because their token ranges differ.
+    Every block stores its `layer_id`, which its forward never reads.
+    """
+
+    name = "z-image"
+    # 2x2 latent pixels per token (the pipeline never passes `patch_size`: the forward's default, 2); image and
+    # text tokens are each padded to a multiple of 32 (diffusers' SEQ_MULTI_OF) before the refiners.
+    geometry = Geometry(patch=2, token_multiple=32)
+    spatial_multiple = 2
+    block_classes = ("ZImageTransformerBlock",)
+    ignored_settings = frozenset({"layer_id"})
+    split_stacks = True
+
+    def example_call(self, model, dims: Dims) -> Tuple[tuple, dict]:
+        """ZImagePipeline's call: lists of one latent and one prompt per sample, timestep in [0, 1] as float32.
+
+        Every prompt has `dims.text` tokens, so the model passes its blocks no
+        attention mask (it makes one only when the samples' lengths differ).
+        """
+        like, gen = model_dtype_device(model), generator_for(dims)
+        dtype, device = like
+        channels, text_width = config_value(model, "in_channels", 16), config_value(model, "cap_feat_dim", 2560)
+        latents = [_randn((channels, 1, dims.height, dims.width), like, gen) for _ in range(dims.batch)]
+        prompts = [_randn((dims.text, text_width), like, gen) for _ in range(dims.batch)]
+        timestep = torch.full((dims.batch,), 0.5, dtype=torch.float32, device=device)
+        return (latents, timestep, prompts), {"joint_attention_kwargs": None, "return_dict": False}
+
+
 def diffusers_family(model: torch.nn.Module) -> Optional[BlockFamily]:
     """The block family of a diffusers transformer, or None for a class it does not know."""
     name = type(model).__name__
@@ -152,10 +189,13 @@ def diffusers_family(model: torch.nn.Module) -> Optional[BlockFamily]:
         return WanFamily(patch=tuple(config_value(model, "patch_size", (1, 2, 2))))
     if name == "QwenImageTransformer2DModel":
         return QwenImageFamily()
+    if name == "ZImageTransformer2DModel":
+        return ZImageFamily()
     return None
 
 
 KNOWN: Dict[str, str] = {
     "FluxTransformer2DModel": "flux", "SD3Transformer2DModel": "sd3",
     "WanTransformer3DModel": "wan", "QwenImageTransformer2DModel": "qwen-image",
+    "ZImageTransformer2DModel": "z-image",
 }

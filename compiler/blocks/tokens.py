@@ -160,26 +160,32 @@ def probe_dims(geometry: Geometry, shape_range: ShapeRange, spatial_multiple: in
     b1, b2 = _two(*shape_range.batch, preferred=(2, 3))
     f_low, f_high = geometry.frames_range(shape_range)
     f1, f2 = _two(f_low, f_high, preferred=(max(f_low, 2), max(f_low, 2) + 1)) if geometry.video else (1, 1)
-    side, wider = _sides(geometry, shape_range.spatial, spatial_multiple, f1, f2)
     s_low, s_high = shape_range.sequence
-    first = Dims(b1, side, wider, f1, 0)
-    second = Dims(b2, wider, wider, f2, 0)
-    candidates = (_text_candidates(s_low, s_high) if geometry.token_multiple == 1
-                  else _padded_text_candidates(geometry, s_low, s_high))
-    for t1, t2 in candidates:
-        pair = (replace(first, text=t1), replace(second, text=t2))
-        if _distinct(geometry, *pair):
-            return pair
+    smallest = None
+    for side, wider in _side_pairs(geometry, shape_range.spatial, spatial_multiple, f1, f2):
+        smallest = smallest or (side, wider)
+        first, second = Dims(b1, side, wider, f1, 0), Dims(b2, wider, wider, f2, 0)
+        candidates = (_text_candidates(s_low, s_high) if geometry.token_multiple == 1
+                      else _padded_text_candidates(geometry, s_low, s_high))
+        for t1, t2 in candidates:
+            pair = (replace(first, text=t1), replace(second, text=t2))
+            if _distinct(geometry, *pair):
+                return pair
+    side, wider = smallest
     t1, t2 = _two(s_low, s_high, preferred=(7, 11))
-    return replace(first, text=t1), replace(second, text=t2)
+    return Dims(b1, side, wider, f1, t1), Dims(b2, wider, wider, f2, t2)
 
 
-def _sides(geometry: Geometry, spatial: Tuple[int, int], multiple: int, f1: int, f2: int) -> Tuple[int, int]:
-    """Latent sides of the probes (first: side x wider, second: wider x wider).
+def _side_pairs(geometry: Geometry, spatial: Tuple[int, int], multiple: int, f1: int,
+                f2: int) -> Iterable[Tuple[int, int]]:
+    """Latent sides of the probes (first: side x wider, second: wider x wider), the smallest first.
 
     Where the model pads tokens to a multiple, small sides would all pad to the
     same count and the token axis would look static: the sides then grow until
-    the two probes' padded token counts differ.
+    the two probes' padded token counts differ. Larger pairs follow, for when
+    the padded image tokens of the first change exactly as the padded text
+    tokens can (a text range of 1-64 pads to 32 or 64 only: image tokens 32 and
+    64 would make the two axes indistinguishable).
     """
     low, high = spatial
     side = _multiple_at_least(max(low, 2 * multiple), multiple)
@@ -187,13 +193,17 @@ def _sides(geometry: Geometry, spatial: Tuple[int, int], multiple: int, f1: int,
         side = _multiple_at_least(low, multiple)
     wider = side + multiple if side + multiple <= high else side
     if geometry.token_multiple == 1:
-        return side, wider
+        yield side, wider
+        return
+    found = False
     for a in range(side, high + 1, multiple):
         for b in range(a + multiple, high + 1, multiple):
             small, large = Dims(1, a, b, f1), Dims(1, b, b, f2)
             if geometry.tokens(small) != geometry.tokens(large) and geometry.tokens(small) >= 2:
-                return a, b
-    return side, wider
+                found = True
+                yield a, b
+    if not found:
+        yield side, wider
 
 
 def _padded_text_candidates(geometry: Geometry, low: int, high: int) -> Iterable[Tuple[int, int]]:

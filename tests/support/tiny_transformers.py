@@ -29,12 +29,16 @@ CONFIGS: Dict[str, dict] = {
                 text_dim=32, freq_dim=32, ffn_dim=48, num_layers=3, rope_max_seq_len=64),
     "qwen": dict(patch_size=2, in_channels=16, out_channels=4, num_layers=3, attention_head_dim=16,
                  num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6)),
+    "zimage": dict(in_channels=4, dim=32, n_layers=2, n_refiner_layers=2, n_heads=2, n_kv_heads=2, cap_feat_dim=32,
+                   axes_dims=(4, 6, 6)),
 }
 CLASSES = {"flux": "FluxTransformer2DModel", "sd3": "SD3Transformer2DModel", "wan": "WanTransformer3DModel",
-           "qwen": "QwenImageTransformer2DModel"}
-# Distinct block structures: Flux double + single; SD3's last block drops the text output.
-STRUCTURES = {"flux": 2, "sd3": 2, "wan": 1, "qwen": 1}
-BLOCKS = {"flux": 5, "sd3": 3, "wan": 3, "qwen": 3}
+           "qwen": "QwenImageTransformer2DModel", "zimage": "ZImageTransformer2DModel"}
+# Distinct block structures: Flux double + single; SD3's last block drops the text output; Z-Image's noise
+# refiner, context refiner and main layers (the first and last one structure on different tokens); Z-Image keeps
+# its real 2 + 2 refiners.
+STRUCTURES = {"flux": 2, "sd3": 2, "wan": 1, "qwen": 1, "zimage": 3}
+BLOCKS = {"flux": 5, "sd3": 3, "wan": 3, "qwen": 3, "zimage": 6}
 
 FIRST = Dims(batch=2, height=16, width=16, frames=3, text=12)
 
@@ -79,12 +83,17 @@ def sweep(name: str) -> List[Dims]:
     return out
 
 
-def call(model: torch.nn.Module, dims: Dims):
+def call(model: torch.nn.Module, dims: Dims) -> torch.Tensor:
     """The model's output at `dims`, with the input structure its pipeline uses."""
     args, kwargs = diffusers_family(model).example_call(model, dims)
-    return model(*args, **kwargs)[0]
+    return _batched(model(*args, **kwargs)[0])
 
 
-def reference(engine, dims: Dims):
+def reference(engine, dims: Dims) -> torch.Tensor:
     args, kwargs = engine.family.example_call(engine.module, dims)
-    return engine.eager(*args, **kwargs)[0]
+    return _batched(engine.eager(*args, **kwargs)[0])
+
+
+def _batched(output) -> torch.Tensor:
+    """One tensor for the batch (Z-Image returns one tensor per sample, as its pipeline passes them)."""
+    return torch.stack(output) if isinstance(output, (list, tuple)) else output

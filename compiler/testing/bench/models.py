@@ -1,14 +1,16 @@
 """What the benchmark runs: model configs, input shapes and the declared range, per profile.
 
-UNets and the VAE decoder are compiled whole; the transformers (`flux`, `wan`:
-diffusers' FluxTransformer2DModel and WanTransformer3DModel) are compared as
-whole-model torch.compile, torch.compile of the repeated blocks (diffusers'
-`compile_repeated_blocks`, what KJNodes does) and ours (block graphs,
-`compiler.blocks`).
+UNets and the VAE decoder are compiled whole; the transformers (`flux`, `sd3`,
+`wan`, `qwen-image`, `zimage`: diffusers' classes, configs and their sources in
+transformer_configs.py) are compared as whole-model torch.compile,
+torch.compile of the repeated blocks (diffusers' `compile_repeated_blocks`,
+what KJNodes does) and ours (block graphs, `compiler.blocks`).
 
 Two profiles:
 - "full": the real diffusers configs of SD1.5's UNet, SDXL's UNet and the
-  SD VAE decoder (random weights), at latent sizes a CPU can sweep;
+  SD VAE decoder (random weights), at latent sizes a CPU can sweep; the
+  transformers' real configs on a GPU, and on a CPU their real widths with
+  one block per block structure (what a cold compile is made of);
 - "quick": the same block types, attention placement and conditioning sizes
   (768-wide text for SD1.5, 2048-wide text plus the pooled/time embeddings
   for SDXL) at two levels and narrow widths, so a run takes tens of minutes,
@@ -25,10 +27,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
+from .transformer_configs import CLASSES, CPU_DEPTH, QUICK_TEXT_TOKENS, REAL, TEXT_TOKENS, TITLES
+from .transformer_configs import QUICK_CHANGES as QUICK_TRANSFORMER_CHANGES
+
 Shape = Tuple[int, int, int]  # (batch, latent height, latent width)
 
 MODELS = ("sd15", "sdxl", "vae")
-TRANSFORMERS = ("flux", "wan")
+TRANSFORMERS = tuple(CLASSES)  # flux, sd3, wan, qwen-image, zimage
 ALL_MODELS = MODELS + TRANSFORMERS
 VARIANTS = ("eager", "torch_compile", "torch_compile_warm", "ours_inductor", "ours_aot_cold", "ours_aot_load",
             "ours_aot_fresh", "ours_oneflow", "torch_compile_blocks", "ours_blocks", "ours_blocks_load")
@@ -226,24 +231,6 @@ def dtype_from_flag(flag: str):
 
 # -- transformers -------------------------------------------------------------------
 
-# FLUX.1-dev's transformer config (19 double-stream and 38 single-stream blocks, 12B parameters).
-FLUX = dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
-            num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
-            axes_dims_rope=(16, 56, 56))
-# Wan 2.1 text-to-video 1.3B's transformer config (30 blocks).
-WAN = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
-           text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
-           qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
-# --quick: the real block classes and patching at a sixth of the depth (Flux 3 + 6 blocks, Wan 6) and narrow
-# widths (4 heads of 32); text and pooled widths shrunk with them.
-QUICK_TRANSFORMER_CHANGES = {
-    "flux": dict(num_layers=3, num_single_layers=6, attention_head_dim=32, num_attention_heads=4,
-                 joint_attention_dim=128, pooled_projection_dim=64, axes_dims_rope=(8, 12, 12)),
-    "wan": dict(num_layers=6, num_attention_heads=4, attention_head_dim=32, text_dim=128, ffn_dim=256),
-}
-TEXT_TOKENS = {"flux": 512, "wan": 512}  # what their pipelines pass (T5, padded)
-QUICK_TEXT_TOKENS = 64
-
 TransformerShape = Tuple[int, int, int, int]  # (batch, latent height, latent width, latent frames)
 
 
@@ -294,21 +281,27 @@ class TransformerSpec:
         }
 
     def build(self, seed: int = 0):
+        import diffusers
         import torch
 
         torch.manual_seed(seed)
-        if self.name == "flux":
-            from diffusers import FluxTransformer2DModel
-
-            return FluxTransformer2DModel(**self.config).eval()
-        from diffusers import WanTransformer3DModel
-
-        return WanTransformer3DModel(**self.config).eval()
+        return getattr(diffusers, CLASSES[self.name])(**self.config).eval()
 
     def family(self, model):
         from ...blocks.diffusers_families import diffusers_family
 
         return diffusers_family(model)
+
+    def compile_repeated_blocks(self, model) -> None:
+        """diffusers' `compile_repeated_blocks()`: torch.compile of each block whose class `_repeated_blocks` names.
+
+        SD3Transformer2DModel declares no `_repeated_blocks` (diffusers then
+        raises): its block class is named from the family (JointTransformerBlock),
+        on this instance only.
+        """
+        if not getattr(model, "_repeated_blocks", None):
+            model._repeated_blocks = list(self.family(model).block_classes)
+        model.compile_repeated_blocks()
 
     def inputs(self, shape: TransformerShape, device: str, dtype, seed: int = 0, model=None) -> Tuple[tuple, dict]:
         """The call the family's pipeline makes (compiler.blocks.diffusers_families), at this shape."""
@@ -320,41 +313,51 @@ class TransformerSpec:
 
 
 def transformer_spec(name: str, profile: str, device: str = "cpu") -> TransformerSpec:
+    """The real config (GPU), cut to one block per structure at real widths (CPU), or narrowed (--quick)."""
     quick, gpu = _profile("transformer", name, TRANSFORMERS, profile, device)
-    changes = dict(QUICK_TRANSFORMER_CHANGES[name]) if quick else {}
-    text = QUICK_TEXT_TOKENS if quick else TEXT_TOKENS[name]
-    batches = [1, 2, 4] if name == "flux" else [1, 2, 3]
-    notes = []
-    if name == "flux":
-        config, title, frames = {**FLUX, **changes}, "Flux-shaped transformer (FLUX.1-dev layout)", (1, 1)
-        if gpu:  # 512-1024 px
-            sizes = [(64, 64, 1), (96, 96, 1), (128, 128, 1), (96, 128, 1), (128, 80, 1)]
-            steady, spatial = [(1, 128, 128, 1), (2, 96, 96, 1)], (64, 128)
-        elif quick:
-            sizes = [(16, 16, 1), (24, 24, 1), (32, 32, 1), (24, 32, 1), (32, 16, 1)]
-            steady, spatial = [(1, 32, 32, 1), (2, 24, 24, 1)], (16, 32)
-        else:
-            sizes = [(32, 32, 1), (40, 40, 1), (48, 48, 1), (40, 48, 1), (48, 32, 1)]
-            steady, spatial = [(1, 48, 48, 1)], (32, 64)
-            notes.append("the real config has 12B parameters: 47 GB in float32, so a CPU run needs that much RAM")
+    if quick:
+        changes = dict(QUICK_TRANSFORMER_CHANGES[name])
     else:
-        config, title = {**WAN, **changes}, "Wan-shaped transformer (Wan 2.1 T2V 1.3B layout)"
-        if gpu:  # 480p-ish latents, 9-33 frames
-            sizes = [(60, 104, 3), (60, 104, 9), (48, 80, 5), (60, 80, 9), (48, 104, 3)]
-            steady, spatial, frames = [(1, 60, 104, 9)], (48, 104), (1, 21)
-        elif quick:
-            sizes = [(16, 16, 2), (24, 24, 2), (16, 24, 3), (24, 16, 5), (32, 32, 3)]
-            steady, spatial, frames = [(1, 24, 24, 2), (2, 16, 16, 2)], (16, 32), (1, 5)
-        else:
-            sizes = [(16, 16, 3), (24, 24, 3), (16, 24, 5), (24, 16, 9), (32, 32, 5)]
-            steady, spatial, frames = [(1, 24, 24, 3)], (16, 32), (1, 9)
+        changes = {} if gpu else dict(CPU_DEPTH[name])
+    sizes, batches, steady, spatial, frames = _transformer_sizes(name, quick, gpu)
+    notes = []
     if quick:
         notes.append("--quick: the real block classes at a sixth of the depth and narrow widths "
                      "(changed_from_real_config); compile time follows depth, per-op overhead weighs more than "
                      "at real widths")
-    return TransformerSpec(name=name, title=title, config=config, changes=changes, sweep_sizes=sizes,
-                           sweep_batches=batches, steady_shapes=steady, range_batch=(1, max(batches)),
-                           range_spatial=spatial, range_frames=frames, text=text, notes=notes)
+    elif not gpu:
+        notes.append("CPU: the real widths with the depth cut to the fewest blocks that hold every block structure "
+                     "(changed_from_real_config): a block structure's graph does not depend on how many blocks "
+                     "share it, so cold compiles compare per structure; whole-model torch.compile compiles the cut "
+                     "model, not the real depth")
+        notes.append("CPU: latents of 16-32 and batches of 1-2, what a 2-core CPU runs at these widths")
+    return TransformerSpec(name=name, title=TITLES[name], config={**REAL[name], **changes}, changes=changes,
+                           sweep_sizes=sizes, sweep_batches=batches, steady_shapes=steady,
+                           range_batch=(1, max(batches)), range_spatial=spatial, range_frames=frames,
+                           text=QUICK_TEXT_TOKENS if quick else TEXT_TOKENS[name], notes=notes)
+
+
+def _transformer_sizes(name: str, quick: bool, gpu: bool) -> Tuple[List[Tuple[int, int, int]], List[int],
+                                                                   List[TransformerShape], Tuple[int, int],
+                                                                   Tuple[int, int]]:
+    """(sweep sizes, batches, steady shapes, latent range, frame range) of a transformer in a profile."""
+    if name == "wan":
+        if gpu:  # 480p-ish latents, 9-33 frames
+            return ([(60, 104, 3), (60, 104, 9), (48, 80, 5), (60, 80, 9), (48, 104, 3)], [1, 2, 3],
+                    [(1, 60, 104, 9)], (48, 104), (1, 21))
+        if quick:
+            return ([(16, 16, 2), (24, 24, 2), (16, 24, 3), (24, 16, 5), (32, 32, 3)], [1, 2, 3],
+                    [(1, 24, 24, 2), (2, 16, 16, 2)], (16, 32), (1, 5))
+        return ([(16, 16, 3), (24, 24, 3), (16, 24, 5), (24, 16, 9), (32, 32, 5)], [1, 2],
+                [(1, 24, 24, 3)], (16, 32), (1, 9))
+    if gpu:  # 512-1024 px (Flux, SD3.5, Qwen-Image and Z-Image default to 1024 x 1024: a 128 x 128 latent)
+        return ([(64, 64, 1), (96, 96, 1), (128, 128, 1), (96, 128, 1), (128, 80, 1)], [1, 2, 4],
+                [(1, 128, 128, 1), (2, 96, 96, 1)], (64, 128), (1, 1))
+    if quick:
+        return ([(16, 16, 1), (24, 24, 1), (32, 32, 1), (24, 32, 1), (32, 16, 1)], [1, 2, 4],
+                [(1, 32, 32, 1), (2, 24, 24, 1)], (16, 32), (1, 1))
+    return ([(16, 16, 1), (24, 24, 1), (32, 32, 1), (24, 32, 1), (32, 16, 1)], [1, 2],
+            [(1, 32, 32, 1)], (16, 32), (1, 1))
 
 
 def any_spec(name: str, profile: str, device: str = "cpu"):

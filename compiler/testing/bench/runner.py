@@ -127,7 +127,8 @@ def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str
     specs = {name: M.any_spec(name, profile, device) for name in models}
     profile_text = ("--quick: the real block types and conditioning sizes at two levels and narrow widths (see "
                     "each model's 'changed_from_real_config'), a smoke run, not the real models' numbers" if quick else
-                    "the real diffusers configs (SD1.5 UNet, SDXL UNet, SD VAE decoder), random weights")
+                    "the real diffusers configs (SD1.5 UNet, SDXL UNet, SD VAE decoder), random weights; transformers "
+                    "at their real configs, on a CPU at real width with one block per block structure")
     if weights and not (steady or sessions or comfy):  # --weights-only: the profile text above is not about it
         profile_text = ("quantised weights only (--weights-only): the tiny Flux of comfy_quantised.py, "
                         + ("smaller sizes and fewer timed steps (--quick)" if quick else "256-512 pixel sizes"))

@@ -96,7 +96,7 @@ def _variant(variant: str, restart: bool, module, spec, job) -> tuple:
         if variant == "torch_compile":
             fn = torch.compile(module)  # as ComfyUI's TorchCompileModel
         else:
-            module.compile_repeated_blocks()
+            spec.compile_repeated_blocks(module)  # diffusers' compile_repeated_blocks()
             fn = module
         return fn, lambda: int(counters["stats"]["unique_graphs"]), nothing
     from ...registry import GraphRegistry

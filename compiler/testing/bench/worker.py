@@ -146,7 +146,7 @@ def run_job(job: Dict[str, Any]) -> Dict[str, Any]:
     elif variant == "torch_compile_blocks":
         from torch._dynamo.utils import counters
 
-        module.compile_repeated_blocks()  # diffusers: torch.compile of every block in `_repeated_blocks`
+        model.compile_repeated_blocks(module)  # diffusers: torch.compile of every block in `_repeated_blocks`
 
         def eager_fn(*args, **kwargs):
             with torch.compiler.set_stance("force_eager"):
