@@ -50,6 +50,7 @@ def setup() -> None:
         first = not _state["setup"]
         if first:
             _sweep_leftovers()
+            _say_torch_support()
         register_graphs_folder()
         oneflow_comfy.register()
         if not _state["listener"]:
@@ -61,6 +62,17 @@ def setup() -> None:
         _state["setup"] = True
     if first:
         _warm_up_from_remote_library()
+
+
+def _say_torch_support() -> None:
+    """At ComfyUI's start: a torch the pack does not compile with is named now, not at the first image."""
+    from ..compiler import torch_support
+
+    refused = torch_support.refusal()
+    if refused:
+        log.warning("[KeepFast] %s", refused)
+    elif torch_support.untested_note():
+        log.info("[KeepFast] %s", torch_support.untested_note())
 
 
 def _sweep_leftovers() -> None:

@@ -22,7 +22,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import tempfile
 import threading
 import time
@@ -33,7 +32,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 import torch
 import torch.utils._pytree as pytree
 
-from .. import alignment, extraction, machine_fit
+from .. import alignment, extraction, machine_fit, torch_support
 from ..flat_module import MODULE_PREFIX, FlatForward, dump_out_spec, load_out_spec, module_tensors
 from ..guards import GuardSet, GuardSyntaxError, readable, size_ref
 from ..keys import GraphKey
@@ -48,18 +47,12 @@ from .export_guards import exported_shapes, guard_texts
 
 log = logging.getLogger("keepfast")
 
-MIN_TORCH = (2, 6)
-
 # Weights stay out of the package; tiny tensors are not inlined as literals
 # (they would silently ignore another checkpoint's values).
 PACKAGE_CONFIG = {
     "aot_inductor.package_constants_in_so": False,
     "always_keep_tensor_constants": True,
 }
-
-def _torch_at_least(version: tuple) -> bool:
-    parts = re.findall(r"\d+", torch.__version__)[:2]
-    return tuple(int(p) for p in parts) >= version
 
 
 @contextlib.contextmanager
@@ -457,12 +450,7 @@ class AotBackend(Backend):
     package_suffix = ".pt2"
 
     def unavailable_reason(self) -> Optional[str]:
-        if not _torch_at_least(MIN_TORCH):
-            return (
-                f"the aot backend needs torch >= {'.'.join(map(str, MIN_TORCH))} "
-                f"(AOTInductor packages); this is torch {torch.__version__}"
-            )
-        return None
+        return torch_support.refusal()
 
     def compile(self, module, forward_fn, call: FlatCall, key: GraphKey,
                 progress: Progress = no_progress) -> AotGraph:

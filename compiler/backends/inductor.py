@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.utils._pytree as pytree
 
+from .. import torch_support
 from ..flat_module import FlatForward, module_tensors
 from ..keys import GraphKey
 from ..shapes import leaf_bounds
@@ -168,9 +169,7 @@ class InductorBackend(Backend):
     persistent = False
 
     def unavailable_reason(self) -> Optional[str]:
-        if not hasattr(torch.compiler, "set_stance"):
-            return f"the inductor backend needs torch >= 2.6 (torch.compiler.set_stance); this is {torch.__version__}"
-        return None
+        return torch_support.refusal()
 
     def compile(self, module, forward_fn, call: FlatCall, key: GraphKey,
                 progress: Progress = no_progress) -> InductorGraph:

@@ -9,6 +9,7 @@ path, imported from its __init__.py, then comfy_entrypoint()).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -153,7 +154,7 @@ def main(pack: str, base: str, checkpoint: str) -> dict:
 
     out["progress"], out["sent"] = capture_server(comfy.utils, runtime)
 
-    reason = "the aot backend needs torch >= 2.6 (AOTInductor packages); this is torch 2.5.1"
+    reason = importlib.import_module(name + ".compiler.torch_support").refusal("2.5.1")
     # A backend that does not run here (OneFlow is not installed in ComfyUI's Python): offered or not, a
     # workflow naming it passes validation and the speedup nodes pass their input through with the reason.
     oneflow_reason = sys.modules[name + ".compiler"].unavailable_reason("oneflow")
