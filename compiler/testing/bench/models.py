@@ -6,9 +6,12 @@ whole-model torch.compile, torch.compile of the repeated blocks (diffusers'
 `compile_repeated_blocks`, what KJNodes does) and ours (block graphs,
 `compiler.blocks`).
 
-Two profiles:
+Three profiles:
 - "full": the real diffusers configs of SD1.5's UNet, SDXL's UNet and the
   SD VAE decoder (random weights), at latent sizes a CPU can sweep;
+- "check": the full profile as the device check (`--check`, check.py) runs it
+  on a GPU: Flux at full width cut to 1 double and 2 single blocks, and one
+  steady shape per model (the first), so every configuration fits a few minutes;
 - "quick": the same block types, attention placement and conditioning sizes
   (768-wide text for SD1.5, 2048-wide text plus the pooled/time embeddings
   for SDXL) at two levels and narrow widths, so a run takes tens of minutes,
@@ -41,7 +44,7 @@ WHOLE_VARIANTS = tuple(v for v in VARIANTS if v not in ("torch_compile_blocks", 
 
 def variants_for(name: str):
     return BLOCK_VARIANTS if name in TRANSFORMERS else WHOLE_VARIANTS
-PROFILES = ("quick", "full")
+PROFILES = ("quick", "full", "check")
 COMFY_MODES = ("none", "torch_compile", "ours_cold", "ours_restart", "ours_fresh")  # comfy_e2e.py's modes
 
 # The real configs (diffusers' config.json of each checkpoint, defaults left out).
@@ -125,18 +128,20 @@ class ModelSpec:
         }
 
     # -- building -----------------------------------------------------------------
-    def build(self, seed: int = 0):
-        """The module the benchmark calls: the UNet, or the VAE's decoder."""
+    def build(self, seed: int = 0, device=None):
+        """The module the benchmark calls: the UNet, or the VAE's decoder (its weights made on `device`, default
+        the CPU)."""
         import torch
 
         torch.manual_seed(seed)
-        if self.kind == "unet":
-            from diffusers import UNet2DConditionModel
+        with _made_on(device):
+            if self.kind == "unet":
+                from diffusers import UNet2DConditionModel
 
-            return UNet2DConditionModel(**self.config).eval()
-        from diffusers import AutoencoderKL
+                return UNet2DConditionModel(**self.config).eval()
+            from diffusers import AutoencoderKL
 
-        return AutoencoderKL(**self.config).decoder.eval()
+            return AutoencoderKL(**self.config).decoder.eval()
 
     def inputs(self, shape: Shape, device: str, dtype, seed: int = 0) -> Tuple[tuple, dict]:
         import torch
@@ -157,6 +162,16 @@ class ModelSpec:
             kwargs["added_cond_kwargs"] = {"text_embeds": randn(batch, text_dim), "time_ids": randn(batch, 6)}
         timestep = torch.tensor(500.0, device=device)
         return (randn(batch, self.config["in_channels"], height, width), timestep), kwargs
+
+
+def _made_on(device):
+    """Where a model's weights are made: `device` (a GPU makes 2.6B random weights in a second, a CPU in tens of
+    seconds: the device check builds on its GPU), or the CPU when None."""
+    import contextlib
+
+    import torch
+
+    return torch.device(device) if device is not None else contextlib.nullcontext()
 
 
 def _sizes(small: int, mid: int, large: int, step: int) -> List[Tuple[int, int]]:
@@ -209,6 +224,8 @@ def spec(name: str, profile: str, device: str = "cpu") -> ModelSpec:
     if quick:
         notes.append("--quick: the real block types and conditioning sizes at two levels and narrow widths "
                      "(changed_from_real_config); per-op overhead weighs more than at real widths")
+    if profile == "check":
+        steady = steady[:1]
     return ModelSpec(name=name, title=title, kind="vae_decoder" if name == "vae" else "unet", config=config,
                      changes=changes, sweep_sizes=sizes, sweep_batches=batches, steady_shapes=steady,
                      range_batch=(1, max(batches)), range_spatial=spatial, notes=notes)
@@ -241,6 +258,9 @@ QUICK_TRANSFORMER_CHANGES = {
                  joint_attention_dim=128, pooled_projection_dim=64, axes_dims_rope=(8, 12, 12)),
     "wan": dict(num_layers=6, num_attention_heads=4, attention_head_dim=32, text_dim=128, ffn_dim=256),
 }
+# --check: Flux's real width (24 heads of 128, 4096-wide text) with 1 double-stream and 2 single-stream blocks:
+# what a block costs to compile and run, without 12B parameters.
+CHECK_TRANSFORMER_CHANGES = {"flux": dict(num_layers=1, num_single_layers=2)}
 TEXT_TOKENS = {"flux": 512, "wan": 512}  # what their pipelines pass (T5, padded)
 QUICK_TEXT_TOKENS = 64
 
@@ -293,17 +313,18 @@ class TransformerSpec:
             "notes": list(self.notes),
         }
 
-    def build(self, seed: int = 0):
+    def build(self, seed: int = 0, device=None):
         import torch
 
         torch.manual_seed(seed)
-        if self.name == "flux":
-            from diffusers import FluxTransformer2DModel
+        with _made_on(device):
+            if self.name == "flux":
+                from diffusers import FluxTransformer2DModel
 
-            return FluxTransformer2DModel(**self.config).eval()
-        from diffusers import WanTransformer3DModel
+                return FluxTransformer2DModel(**self.config).eval()
+            from diffusers import WanTransformer3DModel
 
-        return WanTransformer3DModel(**self.config).eval()
+            return WanTransformer3DModel(**self.config).eval()
 
     def family(self, model):
         from ...blocks.diffusers_families import diffusers_family
@@ -322,6 +343,8 @@ class TransformerSpec:
 def transformer_spec(name: str, profile: str, device: str = "cpu") -> TransformerSpec:
     quick, gpu = _profile("transformer", name, TRANSFORMERS, profile, device)
     changes = dict(QUICK_TRANSFORMER_CHANGES[name]) if quick else {}
+    if profile == "check":
+        changes = dict(CHECK_TRANSFORMER_CHANGES.get(name, {}))
     text = QUICK_TEXT_TOKENS if quick else TEXT_TOKENS[name]
     batches = [1, 2, 4] if name == "flux" else [1, 2, 3]
     notes = []
@@ -352,6 +375,10 @@ def transformer_spec(name: str, profile: str, device: str = "cpu") -> Transforme
         notes.append("--quick: the real block classes at a sixth of the depth and narrow widths "
                      "(changed_from_real_config); compile time follows depth, per-op overhead weighs more than "
                      "at real widths")
+    if profile == "check":
+        steady = steady[:1]
+        if changes:
+            notes.append("--check: the real width with fewer blocks (changed_from_real_config)")
     return TransformerSpec(name=name, title=title, config=config, changes=changes, sweep_sizes=sizes,
                            sweep_batches=batches, steady_shapes=steady, range_batch=(1, max(batches)),
                            range_spatial=spatial, range_frames=frames, text=text, notes=notes)
