@@ -16,11 +16,9 @@ import zipfile
 from pathlib import Path
 from typing import List, Optional
 
-import torch
-
 from . import machine_fit
 from .atomic import sha256_bytes, write_via
-from .environment import torch_version
+from .environment import kind_available, torch_version
 from .manifest import Manifest, ManifestError
 from .store import GraphRefused, GraphStore, StoredGraph
 
@@ -48,13 +46,6 @@ def export_bundle(store: GraphStore, name: str, target: Path) -> Path:
     return write_via(target, produce)
 
 
-def _device_available(kind: str) -> bool:
-    if kind == "cpu":
-        return True
-    module = getattr(torch, kind, None)
-    return bool(module is not None and hasattr(module, "is_available") and module.is_available())
-
-
 def read_bundle(path: Path) -> tuple[Manifest, bytes]:
     path = Path(path)
     try:
@@ -78,7 +69,7 @@ def compatibility_problems(manifest: Manifest, expect_dtype: Optional[str] = Non
     problems = []
     if family.torch_version != torch_version():
         problems.append(f"built for torch {family.torch_version}, this is torch {torch_version()}")
-    if not _device_available(family.device):
+    if not kind_available(family.device):
         problems.append(f"built for device {family.device}, which this machine does not have")
     if expect_dtype and family.dtype != expect_dtype:
         problems.append(f"built for dtype {family.dtype}, {expect_dtype} was asked for")

@@ -27,7 +27,7 @@ class FamilyKey:
     structure: str
     signature: str
     dtype: str
-    device: str
+    device: str  # environment.device_kind: `cpu`, or a GPU with its generation (`cuda-sm90`)
     backend: str
     torch_version: str
 

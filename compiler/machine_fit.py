@@ -14,7 +14,9 @@ Packages are built with a named x86-64 level (``-march=x86-64-v3`` on an
 AVX2 CPU, ``x86-64-v4`` on an AVX-512 one) instead of Inductor's default
 ``-march=native``, so their needs are that level plus the vector ISA
 Inductor chose, and a graph built on a large machine runs on every CPU of
-that level. Feature names are the Linux kernel's (/proc/cpuinfo flags).
+that level. A GPU package's host code is built with no -march and no probe
+(`gpu_host_build`); it needs the vector ISA named in the package. Feature
+names are the Linux kernel's (/proc/cpuinfo flags).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, FrozenSet, List, Optional
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 NEEDS_VERSION = 1
 
@@ -171,6 +173,44 @@ def build_march() -> Optional[str]:
     return None
 
 
+NO_MARCH = ""  # built with no -march at all: the compiler's baseline, plus the flags of the vector ISA Inductor adds
+
+
+def gpu_host_build() -> Tuple[Optional[str], Dict[str, str]]:
+    """(the -march a GPU graph's host code is built with, the Inductor settings that say so); no probe runs.
+
+    A CUDA package's host code only unpacks arguments and launches kernels, so its speed does not depend on a CPU
+    level, and picking one (`build_march`) runs Inductor's ISA probe, which builds test programs with a C++
+    compiler, for nothing. It is built with no -march (NO_MARCH): it then needs only the vector ISA Inductor
+    names in the package (AOTI_CPU_ISA), which `needs_of_package` reads without a probe. A torch whose Inductor
+    has no -march setting builds for this CPU (native); a level the user chose (TORCHINDUCTOR_CPP_MARCH) is kept.
+    """
+    try:
+        from torch._inductor import config
+    except ImportError:
+        return None, {}
+    if not hasattr(getattr(config, "cpp", None), "march"):
+        return None, {}
+    if config.cpp.march is not None:
+        return config.cpp.march, {}
+    if not _inductor_leaves_out_empty_march():
+        return None, {}
+    return NO_MARCH, {"cpp.march": NO_MARCH}
+
+
+def _inductor_leaves_out_empty_march() -> bool:
+    """Whether this torch's Inductor builds with no -march flag when cpp.march is "" (and not `-march=`, which
+    the compiler refuses); asked of its own flag function, so an Inductor that cannot say keeps its own choice."""
+    try:
+        from torch._inductor import config
+        from torch._inductor.cpp_builder import _get_cpu_arch_cflags
+
+        with config.patch({"cpp.march": NO_MARCH}):
+            return not any("march" in str(flag) for flag in _get_cpu_arch_cflags("g++"))
+    except Exception:  # noqa: BLE001 - private API: without it, Inductor's default (-march=native)
+        return False
+
+
 def build_probe() -> Dict[str, Any]:
     """What a package build here is built for: {"march": build_march(), "vec_isa": Inductor's vector ISA,
     "vec_flags": its compiler flags}.
@@ -194,16 +234,22 @@ def needs_of_package(metadata: Dict[str, str], march: Optional[str] = None, buil
 
     `built_here`: called in the process that built it, so the vector ISA's
     exact flags and, for a -march=native build, this CPU's flags are known.
+    `march`: what it was built with (None: Inductor's own setting; NO_MARCH: no -march).
     `vec`: (ISA name, its compiler flags) as the build process found them
-    (`build_probe`); without it Inductor's probe runs here.
+    (`build_probe`); without it Inductor's probe runs here, except for a GPU
+    package, whose build ran no probe (`gpu_host_build`): the vector ISA named
+    in the package stands for its flags.
     Without it (a package whose manifest has no needs) only the vector ISA
     named in the package is required.
     """
     isa = str(metadata.get("AOTI_CPU_ISA", ""))
     features = set(_features_of_isa(isa))
+    gpu = str(metadata.get("AOTI_DEVICE_KEY", "") or "cpu") != "cpu"
     if built_here:
-        march = march or _inductor_march() or "native"
-        if vec is None:
+        if march is None:
+            march = _inductor_march()
+        march = "native" if march is None else march
+        if vec is None and not gpu:
             probed = _vec_isa()
             vec = (str(probed), _arch_flags(probed)) if probed is not None else None
         if vec is not None and vec[0].upper() == isa.upper() and vec[1] is not None:
@@ -212,7 +258,7 @@ def needs_of_package(metadata: Dict[str, str], march: Optional[str] = None, buil
             features |= X86_LEVELS[march]
         elif march == "x86-64" or march.startswith("armv"):  # the baseline, or Arm's named extensions
             features |= set(_features_of_gcc_flags(f"-march={march}"))
-        else:  # native (or a CPU's name): anything this CPU has may be in the code
+        elif march != NO_MARCH:  # native (or a CPU's name): anything this CPU has may be in the code
             host = host_cpu_features() or frozenset()
             features |= (host & X86_ISA_FLAGS) if machine() == "x86_64" else host
     return {
@@ -222,7 +268,7 @@ def needs_of_package(metadata: Dict[str, str], march: Optional[str] = None, buil
                                         str(metadata.get("AOTI_MACHINE", "")).lower()) or machine(),
         "device": str(metadata.get("AOTI_DEVICE_KEY", "")),
         "cpu_isa": isa,
-        "march": march or "unknown",
+        "march": "none" if march == NO_MARCH else march or "unknown",
         "cpu_features": sorted(features),
         "compute_capability": str(metadata.get("AOTI_COMPUTE_CAPABILITY", "") or ""),
     }
@@ -278,5 +324,5 @@ def check(needs: Dict[str, Any]) -> None:
         raise CannotRunHere(reason)
 
 
-__all__ = ["CannotRunHere", "build_march", "check", "host_cpu_features", "needs_of_package",
-           "why_not_here"]
+__all__ = ["CannotRunHere", "NO_MARCH", "build_march", "check", "gpu_host_build", "host_cpu_features",
+           "needs_of_package", "why_not_here"]

@@ -132,7 +132,7 @@ def test_a_graph_this_machine_cannot_run_is_refused_before_it_is_loaded(saved_pi
     _edit_manifests(folder, lambda data: edit(data["needs"]))
     loaders = []
     real = aot._new_loader
-    monkeypatch.setattr(aot, "_new_loader", lambda path: loaders.append(path) or real(path))
+    monkeypatch.setattr(aot, "_new_loader", lambda *args: loaders.append(args) or real(*args))
     store = GraphStore(folder)
     stored = store.graphs()[0]
     unpacked = set(aot.extraction.run_folder().iterdir())

@@ -153,7 +153,7 @@ class _BrokenRunner:
 def test_a_graph_run_that_raises_runs_eager_with_the_reason(loaded, error):
     compiled, registry, args, kwargs = loaded
     graph = registry.graphs()[0]
-    graph._runner = _BrokenRunner(graph._runner, error)
+    graph._runners = {index: _BrokenRunner(runner, error) for index, runner in graph._runners.items()}
     served = _served_eagerly(compiled, args, kwargs)
     assert f"running graph {graph.key.id} failed unexpectedly: {type(error).__name__}" in served.reason
 

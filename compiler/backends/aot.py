@@ -33,6 +33,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .. import alignment, extraction, machine_fit, torch_support
+from ..environment import kind_type
 from ..flat_module import MODULE_PREFIX, FlatForward, dump_out_spec, load_out_spec, module_tensors
 from ..guards import GuardSet, GuardSyntaxError, readable, size_ref
 from ..keys import GraphKey
@@ -196,23 +197,31 @@ class AotGraph(CompiledGraph):
             raise CompileFailed("the graph's output structure is unknown (it could not be serialised)")
         self._names = list(info.constant_names)
         self._lock = threading.Lock()
-        self._bound: Optional[tuple] = None
+        # One runner per device index the graph is called on (a GPU graph's kernels are loaded onto one device),
+        # and per runner a token of whose tensors it holds now (this graph's run and blocks/binding.py alike).
+        self._runners: Dict[int, Any] = {}
+        self._bound: Dict[int, object] = {}
+        self._home = -1
         self.build_usage: dict = {}  # a graph built here: its build's peak memory and phase times
-        # The unpacked package lives as long as this graph (CUDA kernels are read from it lazily).
+        # The unpacked package lives as long as this graph (CUDA kernels are read from it lazily; a runner for
+        # another device is loaded from it when a call first comes from there).
         folder = extraction.extract(package_bytes, key.id[:16])
+        self._folder = folder
         self._remove_files = weakref.finalize(self, extraction.remove, folder)
         try:
             # Manifests written before needs were recorded: the package's own metadata says the ISA.
             machine_fit.check(info.needs or machine_fit.needs_of_package(_package_metadata(folder)))
-            self._runner = _load_runner(folder, package_bytes, info.wiring)
-            expected = set(self._runner.get_constant_fqns())
+            self._home = _home_index(key.family.device)
+            runner = _load_runner(folder, package_bytes, info.wiring, self._home)
+            expected = set(runner.get_constant_fqns())
             if expected != set(self._names):
                 raise CompileFailed(
                     "the package's weight names do not match its manifest "
                     f"({len(expected)} in the package, {len(self._names)} in the manifest)"
                 )
+            self._runners[self._home] = runner
         except BaseException:
-            self._runner = None
+            self._runners.clear()
             self._remove_files()
             raise
 
@@ -230,23 +239,40 @@ class AotGraph(CompiledGraph):
             return None
         return "shape guard " + readable(failed, call.tensor_paths) + " does not hold"
 
-    def _bind(self, module: torch.nn.Module) -> None:
+    def runner_on(self, index: int) -> Any:
+        """The package loaded for device `index` (-1: the device it was first loaded for), loaded the first time a
+        call comes from there. Call with the graph's lock held.
+
+        torch's loader loads a GPU package's kernels onto one device, so a module on cuda:1 needs a runner of its
+        own: one runner on cuda:0 would launch its kernels there, on memory of another device.
+        """
+        index = self._home if index < 0 else index
+        runner = self._runners.get(index)
+        if runner is None:
+            runner = _load_runner(self._folder, self._package_bytes, self.info.wiring, index)
+            self._runners[index] = runner
+        return runner
+
+    def _bind(self, module: torch.nn.Module, index: int) -> Any:
+        """The runner for device `index` with `module`'s tensors bound (not again when they are bound already)."""
+        runner = self.runner_on(index)
         tensors = module_tensors(module)
         try:
             chosen = {name: tensors[name] for name in self._names}
         except KeyError as missing:
             raise CompileFailed(f"the module has no tensor {missing.args[0][len(MODULE_PREFIX):]}") from None
         token = (id(module), tuple(t.data_ptr() for t in chosen.values()))
-        if token != self._bound:
-            self._runner.load_constants(chosen, check_full_update=True, user_managed=True)
-            self._bound = token
+        if token != self._bound.get(index):
+            runner.load_constants(chosen, check_full_update=True, user_managed=True)
+            self._bound[index] = token
+        return runner
 
     def run(self, module: torch.nn.Module, call: FlatCall) -> Any:
         with self._lock:
-            self._bind(module)
+            runner = self._bind(module, device_index(call.tensors))
             # The package was traced with contiguous inputs and does not check strides:
             # a non-contiguous input would give wrong results silently.
-            outputs = self._runner([t if t.is_contiguous() else t.contiguous() for t in call.tensors])
+            outputs = runner([t if t.is_contiguous() else t.contiguous() for t in call.tensors])
         if isinstance(outputs, torch.Tensor):
             outputs = [outputs]
         return pytree.tree_unflatten(list(outputs), self._out_spec)
@@ -274,20 +300,43 @@ def _package_metadata(folder: Path) -> Dict[str, str]:
     return {str(k): str(v) for k, v in json.loads(found[0].read_text()).items()}
 
 
-def _new_loader(path: str, model: str = "model"):
-    """torch._C._aoti.AOTIModelPackageLoader; its arguments grew over torch versions."""
+def device_index(tensors) -> int:
+    """The index of the device a call's tensors are on (the first one not on the CPU); -1 for the CPU."""
+    for tensor in tensors:
+        device = tensor.device
+        if device.type != "cpu":
+            return -1 if device.index is None else int(device.index)
+    return -1
+
+
+def _home_index(kind: str) -> int:
+    """The device a graph's package is first loaded for: this process's current CUDA device for a CUDA graph (the
+    index a call from there names, so its runner is found again), else -1 (the CPU)."""
+    return torch.cuda.current_device() if kind_type(kind) == "cuda" else -1
+
+
+def _new_loader(path: str, model: str = "model", device_index: int = -1):
+    """torch._C._aoti.AOTIModelPackageLoader for device `device_index` (-1: the CPU, or the current GPU); its
+    arguments grew over torch versions. One without the device index loads onto the current device, so that is
+    set to `device_index` around it."""
     loader_class = torch._C._aoti.AOTIModelPackageLoader
-    for args in ((model, False, 1, -1), (model, False, 1), (model, False)):
-        try:
-            return loader_class(path, *args)
-        except TypeError:
-            continue
-    return loader_class(path, model)
+    try:
+        return loader_class(path, model, False, 1, device_index)
+    except TypeError:
+        pass
+    current = torch.cuda.device(device_index) if device_index >= 0 else contextlib.nullcontext()
+    with current:
+        for args in ((model, False, 1), (model, False)):
+            try:
+                return loader_class(path, *args)
+            except TypeError:
+                continue
+        return loader_class(path, model)
 
 
-def _load_runner(folder: Path, package_bytes: bytes, wiring: Optional[dict] = None):
-    """Load an unpacked package (verified bytes, in the pack's own folder) without probing the CPU; a graph in
-    parts (`wiring`) as one runner of its parts (aot_parts.py).
+def _load_runner(folder: Path, package_bytes: bytes, wiring: Optional[dict] = None, index: int = -1):
+    """Load an unpacked package (verified bytes, in the pack's own folder) for device `index` without probing the
+    CPU; a graph in parts (`wiring`) as one runner of its parts (aot_parts.py).
 
     torch >= 2.13 loads the unpacked folder in place; an older torch loads only
     a .pt2 file and unpacks it again into a folder of its own.
@@ -296,14 +345,14 @@ def _load_runner(folder: Path, package_bytes: bytes, wiring: Optional[dict] = No
 
     def load(model: str):
         try:
-            return AOTICompiledModel(_new_loader(str(folder), model))
+            return AOTICompiledModel(_new_loader(str(folder), model, index))
         except RuntimeError as error:
             if "zip" not in str(error).lower():
                 raise
             path = folder / "graph.pt2"
             if not path.is_file():
                 path.write_bytes(package_bytes)
-            return AOTICompiledModel(_new_loader(str(path), model))
+            return AOTICompiledModel(_new_loader(str(path), model, index))
 
     if wiring is None:
         return load("model")
@@ -398,7 +447,7 @@ def _parts_usage(usages: List[dict]) -> dict:
 
 def _build_here(ep: "torch.export.ExportedProgram", progress: Progress) -> Built:
     """The package built in this process (for the CPU level `package_configs` picks)."""
-    march, configs = package_configs()
+    march, configs = package_configs(gpu=package_builds.program_device(ep) != "cpu")
     with tempfile.TemporaryDirectory(prefix="keepfast-aoti-", dir=extraction.run_folder()) as folder:
         target = os.path.join(folder, "graph.pt2")
         try:
@@ -418,8 +467,12 @@ def read_built(build: "package_builds.PackageBuild") -> Built:
     return read_package(package, probe.get("march"), vec=vec)._replace(usage=dict(build.usage))
 
 
-def package_configs() -> Tuple[Optional[str], dict]:
-    """(the CPU level packages are built for, Inductor's settings for a weight-free package)."""
+def package_configs(gpu: bool = False) -> Tuple[Optional[str], dict]:
+    """(the CPU level packages are built for, Inductor's settings for a weight-free package); for a GPU program
+    no level (machine_fit.gpu_host_build: its host code needs none, and picking one runs the ISA probe)."""
+    if gpu:
+        march, settings = machine_fit.gpu_host_build()
+        return march, {**PACKAGE_CONFIG, **settings}
     march = machine_fit.build_march()
     return march, {**PACKAGE_CONFIG, **({"cpp.march": march} if march else {})}
 

@@ -259,6 +259,10 @@ def main(folder: str) -> int:
             except Exception as error:  # noqa: BLE001
                 raise RuntimeError(f"the graph's custom operators come from {module}, which the build process "
                                    f"cannot import ({type(error).__name__}: {error})") from error
+        # Inductor picks the vector ISA for the host code of every package, a CUDA one too (AotCodeCompiler calls
+        # pick_vec_isa), so the probe runs here for every build: from the folder kept per machine, where its test
+        # programs are built once. The CPU level (`probe`) is asked for CPU programs only: a CUDA program's host
+        # code is built with no -march, and the parent wrote what it is built for (package_builds._write_job).
         _probe_isa(job.get("isa_cache", ""))
         configs = dict(job["configs"])
         if job.get("probe"):

@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 
-from .. import build_times, extraction
+from .. import build_times, extraction, machine_fit
 from . import forked_trace
 from .base import UNLABELLED, BuildInProcess, BuildLabel, CompileFailed
 
@@ -433,9 +433,12 @@ def _read_usage(folder: Path) -> Dict[str, Any]:
     return usage
 
 
+PROBE = "probe.json"  # what a package is built for: the child's probe of a CPU program, or _write_job's for a GPU one
+
+
 def _read_probe(folder: Path) -> Optional[dict]:
     try:
-        data = json.loads((folder / "probe.json").read_text())
+        data = json.loads((folder / PROBE).read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -475,14 +478,39 @@ def isa_cache() -> Path:
     return base / torch.__version__.replace("+", "_")
 
 
+def program_device(ep: "torch.export.ExportedProgram", layout: Optional[Dict[str, list]] = None) -> str:
+    """The device type a program computes on: its weights' (`layout`, as `weightless` gives it), else that of
+    its placeholders' example values (its weights and inputs); "cpu" when nothing says otherwise."""
+    for entry in (layout or {}).values():
+        device = torch.device(entry[3])
+        if device.type != "cpu":
+            return device.type
+    for node in ep.graph.nodes:
+        device = getattr(node.meta.get("val"), "device", None) if node.op == "placeholder" else None
+        if device is not None and device.type != "cpu":
+            return device.type
+    return "cpu"
+
+
 def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, folder: Path) -> None:
-    """The build's inputs in its folder: the program without its weights, their layout, the configuration."""
+    """The build's inputs in its folder: the program without its weights, their layout, the configuration.
+
+    `probe` asks the child for the CPU level (machine_fit.build_probe) -- for a CPU program only. A GPU program's
+    host code is built with no -march (machine_fit.gpu_host_build: no level, no probe); what it was built for
+    is written here, as probe.json, for the parent to read as it reads a child's probe."""
     light, layout = weightless(ep)
     job = {"weights": layout, "configs": configs, "imports": operator_modules(ep), "isa_cache": str(isa_cache())}
-    if probe:
+    built_for = None
+    if program_device(ep, layout) != "cpu":
+        march, settings = machine_fit.gpu_host_build()
+        job["configs"] = {**configs, **settings}
+        built_for = {"march": march, "vec_isa": None, "vec_flags": None}
+    elif probe:
         job["probe"] = str(MACHINE_FIT)
     try:
         torch.export.save(light, str(folder / "program.pt2"))
+        if built_for is not None:
+            (folder / PROBE).write_text(json.dumps(built_for))
         (folder / "job.json").write_text(json.dumps(job))
     except Exception as error:  # noqa: BLE001 - a build that cannot start is a failed compile
         raise CompileFailed(f"the package build could not start: {type(error).__name__}: {error}") from error

@@ -29,12 +29,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.utils._pytree as pytree
 
+from ..backends.aot import AotGraph, device_index
 from ..backends.base import CompiledGraph
 from ..flat_module import MODULE_PREFIX
 from .export import empty_to_none
 from .quantised import CallTensors, subclass_parts
 
-_BOUND = "_keepfast_block_bound"  # the runner's currently bound instance, kept on the graph
+_BOUND = "block"  # a runner's bound token of a block instance (the graph's own run() binds modules by id)
 _SERIALS = itertools.count(1)  # never reused, unlike id(): a new model must never look bound
 
 
@@ -139,12 +140,11 @@ class SharedRunner:
 
     def __init__(self, graph: CompiledGraph):
         self.graph = graph
-        runner = getattr(graph, "_runner", None)
         names = getattr(graph, "_names", None)
         spec = getattr(graph, "_out_spec", None)
         self.lock = getattr(graph, "_lock", None) or threading.Lock()
-        self.direct = runner is not None and names is not None and spec is not None
-        self._runner, self._names, self._spec = runner, list(names or ()), spec
+        self.direct = isinstance(graph, AotGraph) and names is not None and spec is not None
+        self._names, self._spec = list(names or ()), spec
         self._chosen: Dict[int, Tuple[int, Dict[str, torch.Tensor]]] = {}
 
     def _constants(self, weights: InstanceWeights) -> Dict[str, torch.Tensor]:
@@ -169,18 +169,21 @@ class SharedRunner:
             args, kwargs = rebuild(inputs)
             return empty_to_none(self.graph.run(weights.module, FlatCall(args, kwargs)))
         with self.lock:
-            token = (weights.serial, weights.version)
-            if getattr(self.graph, _BOUND, None) != token:
-                self._runner.load_constants(self._constants(weights), check_full_update=False, user_managed=True)
-                setattr(self.graph, _BOUND, token)
-                if hasattr(self.graph, "_bound"):
-                    self.graph._bound = None  # the graph's own run() must bind again
+            # The runner of the device the call is on (a block on cuda:1 runs the package loaded there), and
+            # whose tensors it holds: the graph keeps that per runner, for its own run() too.
+            index = device_index(inputs)
+            runner = self.graph.runner_on(index)
+            bound = self.graph._bound
+            token = (_BOUND, weights.serial, weights.version)
+            if bound.get(index) != token:
+                runner.load_constants(self._constants(weights), check_full_update=False, user_managed=True)
+                bound[index] = token
             try:
-                outputs = self._runner(inputs)
+                outputs = runner(inputs)
             finally:
                 if weights.transient:  # released: the runner's pointers to them must not be used again
                     weights.release()
-                    setattr(self.graph, _BOUND, None)
+                    bound.pop(index, None)
         if isinstance(outputs, torch.Tensor):
             outputs = [outputs]
         return empty_to_none(pytree.tree_unflatten(list(outputs), self._spec))

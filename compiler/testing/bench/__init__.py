@@ -13,7 +13,8 @@ the same comparison end to end in a headless ComfyUI, and (`--weights`) Flux
 with GGUF or fp8-scaled weights in ComfyUI's own classes: eager vs
 TorchCompileModel vs ours, over a sweep that changes a LoRA's strength
 (weights.py). Writes DIR/bench.json,
-DIR/bench.md and DIR/bench.png. See docs/benchmarks.md.
+DIR/bench.md and DIR/bench.png. `--check` is the device check of one GPU
+machine (check.py; docs/gpu.md). See docs/benchmarks.md.
 
 Importing this package imports neither torch nor diffusers.
 """
@@ -83,11 +84,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only the --weights part (no steady-state, sweep, session or ComfyUI end-to-end parts)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, caches, graphs)")
     parser.add_argument("--job-timeout", type=float, default=None, help="seconds per configuration")
+    parser.add_argument("--check", action="store_true",
+                        help="the device check of one GPU (with --device cuda): the real SD1.5, SDXL and VAE "
+                             "configs whole, Flux (1 double + 2 single blocks, full width) and Wan 2.1 1.3B by "
+                             "blocks; eager, torch.compile, compile_repeated_blocks, ours cold and loaded; within "
+                             "--budget seconds, writing bench.json, bench.md, check.log and bench.png into --out as "
+                             "it goes (check.py); --models and --variants narrow it")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="with --check: seconds for the whole check (default 420: about 7 minutes)")
+    parser.add_argument("--lanes", type=int, default=None,
+                        help="with --check: jobs run at once (default 3; 1: one after the other)")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     from .runner import run_bench
 
+    if args.check:
+        from . import check
+
+        return check.run_check(Path(args.out), device=args.device, models=args.models, variants=args.variants,
+                               budget_s=args.budget or check.BUDGET_S, lanes=args.lanes or check.LANES,
+                               keep=args.keep)
     dtype = args.dtype or ("fp16" if str(args.device).startswith("cuda") else "fp32")
     only = args.sessions_only or args.weights_only
     return run_bench(Path(args.out), quick=args.quick, device=args.device, dtype=dtype, models=args.models,

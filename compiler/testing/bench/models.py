@@ -6,11 +6,14 @@ transformer_configs.py) are compared as whole-model torch.compile,
 torch.compile of the repeated blocks (diffusers' `compile_repeated_blocks`,
 what KJNodes does) and ours (block graphs, `compiler.blocks`).
 
-Two profiles:
+Three profiles:
 - "full": the real diffusers configs of SD1.5's UNet, SDXL's UNet and the
   SD VAE decoder (random weights), at latent sizes a CPU can sweep; the
   transformers' real configs on a GPU, and on a CPU their real widths with
   one block per block structure (what a cold compile is made of);
+- "check": the full profile as the device check (`--check`, check.py) runs it
+  on a GPU: Flux at full width cut to 1 double and 2 single blocks, and one
+  steady shape per model (the first), so every configuration fits a few minutes;
 - "quick": the same block types, attention placement and conditioning sizes
   (768-wide text for SD1.5, 2048-wide text plus the pooled/time embeddings
   for SDXL) at two levels and narrow widths, so a run takes tens of minutes,
@@ -27,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
-from .transformer_configs import CLASSES, CPU_DEPTH, QUICK_TEXT_TOKENS, REAL, TEXT_TOKENS, TITLES
+from .transformer_configs import CHECK_CHANGES, CLASSES, CPU_DEPTH, QUICK_TEXT_TOKENS, REAL, TEXT_TOKENS, TITLES
 from .transformer_configs import QUICK_CHANGES as QUICK_TRANSFORMER_CHANGES
 
 Shape = Tuple[int, int, int]  # (batch, latent height, latent width)
@@ -46,7 +49,7 @@ WHOLE_VARIANTS = tuple(v for v in VARIANTS if v not in ("torch_compile_blocks", 
 
 def variants_for(name: str):
     return BLOCK_VARIANTS if name in TRANSFORMERS else WHOLE_VARIANTS
-PROFILES = ("quick", "full")
+PROFILES = ("quick", "full", "check")
 COMFY_MODES = ("none", "torch_compile", "ours_cold", "ours_restart", "ours_fresh")  # comfy_e2e.py's modes
 
 # The real configs (diffusers' config.json of each checkpoint, defaults left out).
@@ -130,18 +133,20 @@ class ModelSpec:
         }
 
     # -- building -----------------------------------------------------------------
-    def build(self, seed: int = 0):
-        """The module the benchmark calls: the UNet, or the VAE's decoder."""
+    def build(self, seed: int = 0, device=None):
+        """The module the benchmark calls: the UNet, or the VAE's decoder (its weights made on `device`, default
+        the CPU)."""
         import torch
 
         torch.manual_seed(seed)
-        if self.kind == "unet":
-            from diffusers import UNet2DConditionModel
+        with _made_on(device):
+            if self.kind == "unet":
+                from diffusers import UNet2DConditionModel
 
-            return UNet2DConditionModel(**self.config).eval()
-        from diffusers import AutoencoderKL
+                return UNet2DConditionModel(**self.config).eval()
+            from diffusers import AutoencoderKL
 
-        return AutoencoderKL(**self.config).decoder.eval()
+            return AutoencoderKL(**self.config).decoder.eval()
 
     def inputs(self, shape: Shape, device: str, dtype, seed: int = 0) -> Tuple[tuple, dict]:
         import torch
@@ -162,6 +167,16 @@ class ModelSpec:
             kwargs["added_cond_kwargs"] = {"text_embeds": randn(batch, text_dim), "time_ids": randn(batch, 6)}
         timestep = torch.tensor(500.0, device=device)
         return (randn(batch, self.config["in_channels"], height, width), timestep), kwargs
+
+
+def _made_on(device):
+    """Where a model's weights are made: `device` (a GPU makes 2.6B random weights in a second, a CPU in tens of
+    seconds: the device check builds on its GPU), or the CPU when None."""
+    import contextlib
+
+    import torch
+
+    return torch.device(device) if device is not None else contextlib.nullcontext()
 
 
 def _sizes(small: int, mid: int, large: int, step: int) -> List[Tuple[int, int]]:
@@ -214,6 +229,8 @@ def spec(name: str, profile: str, device: str = "cpu") -> ModelSpec:
     if quick:
         notes.append("--quick: the real block types and conditioning sizes at two levels and narrow widths "
                      "(changed_from_real_config); per-op overhead weighs more than at real widths")
+    if profile == "check":
+        steady = steady[:1]
     return ModelSpec(name=name, title=title, kind="vae_decoder" if name == "vae" else "unet", config=config,
                      changes=changes, sweep_sizes=sizes, sweep_batches=batches, steady_shapes=steady,
                      range_batch=(1, max(batches)), range_spatial=spatial, notes=notes)
@@ -280,12 +297,13 @@ class TransformerSpec:
             "notes": list(self.notes),
         }
 
-    def build(self, seed: int = 0):
+    def build(self, seed: int = 0, device=None):
         import diffusers
         import torch
 
         torch.manual_seed(seed)
-        return getattr(diffusers, CLASSES[self.name])(**self.config).eval()
+        with _made_on(device):
+            return getattr(diffusers, CLASSES[self.name])(**self.config).eval()
 
     def family(self, model):
         from ...blocks.diffusers_families import diffusers_family
@@ -315,7 +333,9 @@ class TransformerSpec:
 def transformer_spec(name: str, profile: str, device: str = "cpu") -> TransformerSpec:
     """The real config (GPU), cut to one block per structure at real widths (CPU), or narrowed (--quick)."""
     quick, gpu = _profile("transformer", name, TRANSFORMERS, profile, device)
-    if quick:
+    if profile == "check":  # a GPU: the real config, but for the changes the check makes (Flux's depth)
+        changes = dict(CHECK_CHANGES.get(name, {}))
+    elif quick:
         changes = dict(QUICK_TRANSFORMER_CHANGES[name])
     else:
         changes = {} if gpu else dict(CPU_DEPTH[name])
@@ -331,6 +351,10 @@ def transformer_spec(name: str, profile: str, device: str = "cpu") -> Transforme
                      "share it, so cold compiles compare per structure; whole-model torch.compile compiles the cut "
                      "model, not the real depth")
         notes.append("CPU: latents of 16-32 and batches of 1-2, what a 2-core CPU runs at these widths")
+    if profile == "check":
+        steady = steady[:1]
+        if changes:
+            notes.append("--check: the real width with fewer blocks (changed_from_real_config)")
     return TransformerSpec(name=name, title=TITLES[name], config={**REAL[name], **changes}, changes=changes,
                            sweep_sizes=sizes, sweep_batches=batches, steady_shapes=steady,
                            range_batch=(1, max(batches)), range_spatial=spatial, range_frames=frames,

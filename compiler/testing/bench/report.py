@@ -351,6 +351,10 @@ def markdown(summary: Dict[str, Any]) -> str:
     add("- ratios are \"times faster\" (above 1: the first-named is faster); steady state is the median of "
         "alternating eager/compiled calls in the same process")
     add("")
+    if summary.get("check"):
+        from . import check
+
+        lines.extend(check.markdown(summary["check"]))
     if summary.get("headline_model"):  # none with --sessions-only
         add(f"## Targets ({summary.get('headline_model')}; ours = {summary.get('headline_ours_variant')})")
         add("")
@@ -633,10 +637,13 @@ def chart(summary: Dict[str, Any], path: Path) -> Optional[str]:
     return None
 
 
-def write_all(out: Path, summary: Dict[str, Any]) -> Dict[str, Path]:
+def write_all(out: Path, summary: Dict[str, Any], chart_too: bool = True,
+              no_chart: str = "not drawn yet (the run goes on)") -> Dict[str, Path]:
+    """bench.json, bench.md and (`chart_too`, with matplotlib) bench.png; the paths written. Without the chart,
+    bench.json says why (`no_chart`)."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "bench.json", "md": out / "bench.md", "png": out / "bench.png"}
-    why = chart(summary, paths["png"])
+    why = chart(summary, paths["png"]) if chart_too else no_chart
     if why:
         summary["chart"] = why
         paths.pop("png")

@@ -28,7 +28,9 @@ from . import report
 from . import session as S
 from . import weights as W
 from .fresh_machine import FreshMachine
+from .joblog import JobLog
 from .models import DEFAULT_VARIANTS
+from .worker import partial_path as worker_partial_path
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -57,26 +59,41 @@ def _tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
-def run_job(job: Dict[str, Any], work: Path, env: Dict[str, str], timeout: float) -> Dict[str, Any]:
-    """Run one configuration in a fresh process; returns its result (or the error)."""
-    tag = f"{job['model']}-{job['variant']}".replace(":", "-")
+def run_job(job: Dict[str, Any], work: Path, env: Dict[str, str], timeout: float,
+            log: Optional["JobLog"] = None) -> Dict[str, Any]:
+    """Run one configuration in a fresh process; returns its result (or the error). Its output goes to its own
+    log in `work`, or, given `log`, into that one log, line by line (check.py). A job killed at `timeout` that
+    wrote its figures so far (worker.py's checkpoints) returns those, with the error."""
+    tag = job_tag(job)
     job_path, result_path, log_path = work / f"{tag}.job.json", work / f"{tag}.result.json", work / f"{tag}.log"
     job_path.write_text(json.dumps(job))
     result_path.unlink(missing_ok=True)
+    partial = worker_partial_path(result_path)
+    partial.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "compiler.testing.bench.worker", str(job_path), str(result_path)]
     spawned = time.time()
-    with open(log_path, "w") as log:
-        try:
-            process = subprocess.run([sys.executable, "-m", "compiler.testing.bench.worker", str(job_path), str(result_path)],
-                                     cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-            code = process.returncode
-        except subprocess.TimeoutExpired:
-            code = None
+    if log is not None:
+        code = log.run(tag, command, cwd=str(REPO), env=env, timeout=timeout)
+        tail = lambda: log.tail(tag)  # noqa: E731
+    else:
+        with open(log_path, "w") as output:
+            try:
+                process = subprocess.run(command, cwd=str(REPO), env=env, stdout=output, stderr=subprocess.STDOUT,
+                                         timeout=timeout)
+                code = process.returncode
+            except subprocess.TimeoutExpired:
+                code = None
+        tail = lambda: _tail(log_path, 15)  # noqa: E731
     wall = time.time() - spawned
     if result_path.exists():
         result = json.loads(result_path.read_text())
     else:
         why = f"timed out after {timeout:.0f} s" if code is None else f"exited with {code}"
-        result = {"variant": job["variant"], "model": job["model"], "error": f"{why}: {_tail(log_path, 15)}"}
+        result = json.loads(partial.read_text()) if partial.exists() else {"variant": job["variant"],
+                                                                           "model": job["model"]}
+        result["error"] = f"{why}: {tail()}"
+        if partial.exists():
+            result["partial"] = True  # the figures it wrote before it ended
     if code is None and "error" not in result:
         result["error"] = f"timed out after {timeout:.0f} s"
     result["process_wall_s"] = wall
@@ -88,6 +105,44 @@ def run_job(job: Dict[str, Any], work: Path, env: Dict[str, str], timeout: float
     result["job"] = {k: v for k, v in job.items() if k not in ("graphs_dir",)}
     result["cache_dir_fresh"] = job.get("cache_fresh", True)
     return result
+
+
+# A variant that reads what another one left (its graphs, its Inductor cache) runs after it, in the same run.
+NEEDS = {"torch_compile_warm": "torch_compile", "ours_aot_load": "ours_aot_cold", "ours_aot_fresh": "ours_aot_cold",
+         "ours_blocks_load": "ours_blocks"}
+
+
+def missing_need(variant: str, done: Dict[str, Dict[str, Any]]) -> Optional[str]:
+    """Why `variant` cannot run, given the results of its model's variants so far (`done`); None if it can."""
+    needs = NEEDS.get(variant)
+    if needs and (needs not in done or "error" in done[needs] or "skipped" in done[needs]):
+        return f"needs {needs}, which {'failed' if needs in done and 'error' in done[needs] else 'was not run'}"
+    return None
+
+
+def machine_meta(device: str, started: float) -> Dict[str, Any]:
+    """What the report says of the machine and the run: versions, CPU and GPU, load, start time, command."""
+    import torch
+
+    return {
+        "torch": torch.__version__, "python": platform.python_version(), "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(), "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
+        "threads": torch.get_num_threads(), "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "uptime_start": _uptime(), "started": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(started)),
+        "command": " ".join(sys.argv),
+    }
+
+
+def job_env(work: Path) -> Dict[str, str]:
+    """The environment of a job process: the run's own trust list, unbuffered output, this checkout importable."""
+    return {**os.environ, "KEEPFAST_TRUST_FILE": str(work / "trusted.json"), "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                         if p])}
+
+
+def job_tag(job: Dict[str, Any]) -> str:
+    """A job's name in file names and log lines: model-variant."""
+    return f"{job['model']}-{job['variant']}".replace(":", "-")
 
 
 def _line(result: Dict[str, Any]) -> str:
@@ -134,16 +189,11 @@ def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str
                         + ("smaller sizes and fewer timed steps (--quick)" if quick else "256-512 pixel sizes"))
     meta: Dict[str, Any] = {
         "profile": profile, "quick": quick, "profile_text": profile_text, "device": device, "dtype": dtype,
-        "torch": torch.__version__, "python": platform.python_version(), "cpu_count": os.cpu_count(),
-        "cpu_model": _cpu_model(), "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
-        "threads": torch.get_num_threads(), "loadavg_start": [round(x, 2) for x in os.getloadavg()],
-        "uptime_start": _uptime(), "started": time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(started)),
-        "reps": reps, "command": " ".join(sys.argv),
+        **machine_meta(device, started), "reps": reps,
     }
     print(f"KeepFast bench: profile {profile} ({profile_text}); device {device} {dtype}; torch {torch.__version__}; "
           f"load {meta['loadavg_start']}; work folder {work}", flush=True)
-    base_env = {**os.environ, "KEEPFAST_TRUST_FILE": str(work / "trusted.json"), "PYTHONUNBUFFERED": "1",
-                "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    base_env = job_env(work)
     jobs: List[Dict[str, Any]] = []
     for name in models:
         spec = specs[name]
@@ -159,11 +209,9 @@ def run_bench(out: Path, *, quick: bool = False, device: str = "cpu", dtype: str
             job = {"model": name, "variant": variant, "profile": profile, "device": device, "dtype": dtype,
                    "reps": reps, "graphs_dir": str(work / f"{name}-graphs"),
                    "cache_fresh": variant != "torch_compile_warm"}
-            needs = {"torch_compile_warm": "torch_compile", "ours_aot_load": "ours_aot_cold",
-                     "ours_aot_fresh": "ours_aot_cold", "ours_blocks_load": "ours_blocks"}.get(variant)
-            if needs and (needs not in done or "error" in done[needs]):
-                result = {"model": name, "variant": variant,
-                          "skipped": f"needs {needs}, which {'failed' if needs in done else 'was not run'}"}
+            why = missing_need(variant, done)
+            if why:
+                result = {"model": name, "variant": variant, "skipped": why}
             elif variant == "ours_aot_fresh":
                 machine = FreshMachine(work / f"{name}-fresh-machine").setup()
                 result = run_job(job, work, machine.env(base_env), job_timeout)

@@ -93,3 +93,7 @@ QUICK_CHANGES: Dict[str, Dict[str, Any]] = {
 # and Z-Image pass each prompt unpadded, up to max_sequence_length (512 by default): the longest is used.
 TEXT_TOKENS: Dict[str, int] = {"flux": 512, "sd3": 77 + 256, "wan": 512, "qwen-image": 512, "zimage": 512}
 QUICK_TEXT_TOKENS = 64
+
+# --check (a GPU, docs/gpu.md): Flux's real width (24 heads of 128, 4096-wide text) with 1 double-stream and 2
+# single-stream blocks: what a block costs to compile and run, without 12B parameters; the others real.
+CHECK_CHANGES: Dict[str, Dict[str, Any]] = {"flux": dict(num_layers=1, num_single_layers=2)}

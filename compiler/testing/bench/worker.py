@@ -27,6 +27,17 @@ also runs eagerly once, so the sweep is visited again (`first_use_check`):
 what a first visit cost more than a checked one, how many checks ran, and the
 largest output held while the eager call runs. The result is one JSON file;
 nothing is printed that the parent needs.
+
+What the device check (check.py) adds to a job, each off unless the job asks:
+`build_on_device` (weights made on the GPU), `sweep_s` (the sweep starts no
+shape after its first once that many seconds passed; 0: no sweep, with
+`sweep_why`), `compare` (the
+largest difference from eager over the shapes run: `vs_eager`),
+`checkpoints` (the result so far written after each phase, so a job killed at
+its time limit still tells its first call), `steady_lock` (a file locked while
+steady-state pairs are timed, so two jobs never time at once on one GPU),
+`steady_static` False and `first_use_cost` False (phases left out), and
+`dump_after_s` (Python's stacks into the log shortly before the time limit).
 """
 
 from __future__ import annotations
@@ -40,7 +51,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from . import phases
 
@@ -82,7 +93,8 @@ class _LimitWatcher(logging.Handler):
             self.messages.append(text.splitlines()[0][:300])
 
 
-def run_job(job: Dict[str, Any]) -> Dict[str, Any]:
+def run_job(job: Dict[str, Any], checkpoint: Callable[[Dict[str, Any]], None] = lambda result: None) -> Dict[str, Any]:
+    """One configuration's figures; `checkpoint(result)` is called with the figures so far after each phase."""
     if job.get("kind") == "session":  # session.py: images from process start
         from .session import run_session
 
@@ -116,7 +128,7 @@ def run_job(job: Dict[str, Any]) -> Dict[str, Any]:
         return time.perf_counter() - started
 
     started = time.perf_counter()
-    module = model.build(seed=0).to(device=device, dtype=dtype)
+    module = model.build(seed=0, device=device if job.get("build_on_device") else None).to(device=device, dtype=dtype)
     result["build_s"] = time.perf_counter() - started
     result["parameters"] = parameter_count(module)
     result["rss_after_build_mb"] = _rss_mb()
@@ -202,10 +214,15 @@ def run_job(job: Dict[str, Any]) -> Dict[str, Any]:
     elif variant in ("torch_compile", "torch_compile_blocks"):
         result["first_call_phases"] = phases.torch_compile_phases()
     result["rss_after_first_call_mb"] = _rss_mb()
+    if cuda:
+        result["cuda_max_memory_allocated_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    checkpoint(result)
+    lock = _steady_lock(job.get("steady_lock"))
 
     # -- torch.compile's steady state on the graph specialised to the first shape, before any other shape
-    if variant == "torch_compile":
-        result["steady_static"] = _steady(timed, eager_fn, compiled_fn, [base], reps, count)
+    if variant == "torch_compile" and job.get("steady_static", True):
+        with lock():
+            result["steady_static"] = _steady(timed, eager_fn, compiled_fn, [base], reps, count)
 
     if variant in ("torch_compile_warm", "ours_aot_fresh"):  # only their first call is of interest
         return _finish(result, variant, count, registry, wrapper, watcher, job, cuda)
@@ -222,26 +239,100 @@ def run_job(job: Dict[str, Any]) -> Dict[str, Any]:
         result["warmup_states"] = states
         _say(f"warmup of {len(declared)} shapes: {result['warmup_s']:.1f} s, {result['warmup_compiles']} compiles")
 
-    # -- the sweep: 5 resolutions x 3 batch sizes, one call each, in order
-    sweep = []
-    sweep_started = time.perf_counter()
-    for shape in model.sweep():
-        before = count()
-        seconds = timed(compiled_fn, shape)
-        sweep.append({"shape": list(shape), "s": seconds, "compiles": count() - before})
-        _say(f"sweep {shape}: {seconds:.2f} s, {count() - before} compiles")
-    result["sweep_wall_s"] = time.perf_counter() - sweep_started
-    result["sweep"] = sweep
-    result["sweep_compiles"] = sum(row["compiles"] for row in sweep)
-    if registry is not None and getattr(getattr(wrapper, "options", None), "verify", False):
-        result["first_use_check"] = _first_use_cost(timed, compiled_fn, eager_fn, inputs, model.sweep(), sweep,
-                                                    registry)
+    # -- the sweep: 5 resolutions x 3 batch sizes, one call each, in order (within `sweep_s`, if the job gives one)
+    window = job.get("sweep_s")
+    shapes_run = [base]
+    if window is not None and window <= 0:
+        result["sweep_cut"] = {"done": 0, "of": len(model.sweep()), "why": job.get("sweep_why", "")}
+    else:
+        sweep = []
+        sweep_started = time.perf_counter()
+        for shape in model.sweep():
+            if window is not None and sweep and time.perf_counter() - sweep_started > window:
+                result["sweep_cut"] = {"done": len(sweep), "of": len(model.sweep()),
+                                       "why": f"no shape started after {window:.0f} s of sweep"}
+                break
+            before = count()
+            seconds = timed(compiled_fn, shape)
+            sweep.append({"shape": list(shape), "s": seconds, "compiles": count() - before})
+            shapes_run.append(shape)
+            _say(f"sweep {shape}: {seconds:.2f} s, {count() - before} compiles")
+            result.update(sweep=sweep, sweep_compiles=sum(row["compiles"] for row in sweep))
+            checkpoint(result)
+        result["sweep_wall_s"] = time.perf_counter() - sweep_started
+        result["sweep"] = sweep
+        result["sweep_compiles"] = sum(row["compiles"] for row in sweep)
+        if registry is not None and getattr(getattr(wrapper, "options", None), "verify", False) \
+                and job.get("first_use_cost", True):
+            result["first_use_check"] = _first_use_cost(timed, compiled_fn, eager_fn, inputs, model.sweep(), sweep,
+                                                        registry)
+        if registry is not None:
+            result["verified"] = {"checks": len(registry.verdicts), "mismatches": len(registry.mismatches)}
+        checkpoint(result)
 
     # -- steady state after the sweep, alternating eager and compiled calls (the
     # aot graphs of the cold run are the ones the load run times; eager alone needs no pairs)
     if variant not in ("eager", "ours_aot_cold", "ours_blocks") or job.get("steady_everywhere"):
-        result["steady"] = _steady(timed, eager_fn, compiled_fn, model.steady_shapes, reps, count)
+        with lock():
+            result["steady"] = _steady(timed, eager_fn, compiled_fn, model.steady_shapes, reps, count)
+        checkpoint(result)
+    if job.get("compare"):
+        result["vs_eager"] = _differences(compiled_fn, eager_fn, inputs, _spread(shapes_run, 4))
     return _finish(result, variant, count, registry, wrapper, watcher, job, cuda)
+
+
+def _spread(shapes: List[Any], most: int) -> List[Any]:
+    """At most `most` of `shapes`, the first and last among them, evenly apart."""
+    if len(shapes) <= most:
+        return list(shapes)
+    step = (len(shapes) - 1) / (most - 1)
+    return [shapes[round(i * step)] for i in range(most)]
+
+
+def _differences(compiled_fn: Callable, eager_fn: Callable, inputs, shapes) -> Dict[str, Any]:
+    """The largest difference of the compiled outputs from eager's, on the same inputs, over `shapes`: absolute, and
+    relative to the largest eager value of that shape (for eager itself: a second eager call, the noise floor)."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    rows = []
+    for shape in shapes:
+        args, kwargs = inputs[shape]
+        with torch.no_grad():
+            eager = [t for t in pytree.tree_leaves(eager_fn(*args, **kwargs)) if isinstance(t, torch.Tensor)]
+            compiled = [t for t in pytree.tree_leaves(compiled_fn(*args, **kwargs)) if isinstance(t, torch.Tensor)]
+        if len(eager) != len(compiled):
+            rows.append({"shape": list(shape), "error": f"{len(compiled)} outputs, eager gives {len(eager)}"})
+            continue
+        worst, scale = 0.0, 0.0
+        for e, c in zip(eager, compiled):
+            worst = max(worst, float((c.float() - e.float()).abs().max()))
+            scale = max(scale, float(e.float().abs().max()))
+        rows.append({"shape": list(shape), "max_abs": worst, "max_rel": worst / scale if scale else None})
+    measured = [row for row in rows if "max_abs" in row]
+    return {"rows": rows, "max_abs": max((r["max_abs"] for r in measured), default=None),
+            "max_rel": max((r["max_rel"] for r in measured if r["max_rel"] is not None), default=None)}
+
+
+def _steady_lock(path: Optional[str]):
+    """A context that holds `path` locked (fcntl) while steady-state pairs are timed; nothing without a path."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def held():
+        if not path:
+            yield
+            return
+        import fcntl
+
+        with open(path, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    return held
 
 
 def _finish(result, variant, count, registry, wrapper, watcher, job, cuda) -> Dict[str, Any]:
@@ -326,19 +417,35 @@ def _steady(timed, eager_fn, compiled_fn, shapes, reps: int, count) -> Dict[str,
     return out
 
 
+def _write(path: Path, result: Dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=str))
+    tmp.replace(path)
+
+
+def partial_path(result_path: Path) -> Path:
+    """Where a job that checkpoints writes its figures so far (the parent reads it if the job is killed)."""
+    return result_path.with_suffix(".partial.json")
+
+
 def main(argv: List[str]) -> int:
     job_path, result_path = Path(argv[0]), Path(argv[1])
     job = json.loads(job_path.read_text())
+    if job.get("dump_after_s"):  # where a long compile is when the parent's time limit comes
+        import faulthandler
+
+        faulthandler.enable()
+        faulthandler.dump_traceback_later(float(job["dump_after_s"]), exit=False)
+    checkpoint = (lambda result: _write(partial_path(result_path), result)) if job.get("checkpoints") else \
+        (lambda result: None)
     try:
-        result = run_job(job)
+        result = run_job(job, checkpoint)
         code = 0
     except BaseException as error:  # the parent records the failure and goes on
         result = {"variant": job.get("variant"), "model": job.get("model"),
                   "error": f"{type(error).__name__}: {str(error)[:2000]}", "traceback": traceback.format_exc()[-6000:]}
         code = 1
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(result_path)
+    _write(result_path, result)
     return code
 
 

@@ -1,0 +1,76 @@
+"""One log for every process of a run, written line by line as they print.
+
+The device check (check.py) runs its configurations in processes, several at
+once, on a machine that gives back a few files and kills the command at its
+time limit: each line goes into one file as soon as its process prints it,
+prefixed with the job's name, so a run killed half-way still leaves what every
+job said up to then (and Python's stacks, which worker.py dumps shortly before
+a job's own limit).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Deque, Dict, List, Optional, Sequence
+
+TAIL_LINES = 15  # a failed job's error quotes this many of its last lines
+
+
+class JobLog:
+    """Appends the runner's own lines and its jobs' output to `path`, each line with its source."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._tails: Dict[str, Deque[str]] = {}
+        self._started = time.time()
+
+    def write(self, source: str, text: str) -> None:
+        """One line (or several) from `source`, stamped with the seconds since the log began."""
+        stamp = f"{time.time() - self._started:7.1f}"
+        with self._lock, open(self.path, "a", encoding="utf-8", errors="replace") as handle:
+            for line in text.rstrip("\n").split("\n"):
+                handle.write(f"{stamp} {source} | {line}\n")
+                self._tails.setdefault(source, collections.deque(maxlen=TAIL_LINES)).append(line)
+
+    def say(self, text: str) -> None:
+        """A line of the runner's own, printed and logged."""
+        print(text, flush=True)
+        self.write("runner", text)
+
+    def tail(self, source: str) -> str:
+        with self._lock:
+            return "\n".join(self._tails.get(source, ()))
+
+    def run(self, source: str, command: Sequence[str], cwd: str, env: Dict[str, str], timeout: float) -> Optional[int]:
+        """Run `command`, its output into this log as it comes; its exit status, or None when it was killed at
+        `timeout` (with whatever it started in its session)."""
+        process = subprocess.Popen(list(command), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True, text=True, errors="replace")
+        killed: List[bool] = []
+
+        def kill() -> None:
+            killed.append(True)
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+        timer = threading.Timer(max(0.0, timeout), kill)
+        timer.daemon = True
+        timer.start()
+        try:
+            for line in process.stdout:
+                self.write(source, line)
+            process.wait()
+        finally:
+            timer.cancel()
+            process.stdout.close()
+        return None if killed else process.returncode

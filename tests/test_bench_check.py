@@ -1,0 +1,274 @@
+"""The device check (`bench --device cuda --check`): its plan, its files and the worker options it uses, on a CPU.
+
+No GPU here: the plan and the report are pure functions of the check's tables and of results; the worker's new
+options run on a two-level SD1.5-shaped UNet, eager, on the CPU. Nothing about timings is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from compiler.testing.bench import check
+from compiler.testing.bench import models as M
+from compiler.testing.bench import transformer_configs as C
+from compiler.testing.bench.joblog import JobLog
+
+ASKED = {  # the issue: every model, each of these variants
+    "sd15": {"eager", "torch_compile", "ours_aot_cold", "ours_aot_load"},
+    "sdxl": {"eager", "torch_compile", "ours_aot_cold", "ours_aot_load"},
+    "vae": {"eager", "torch_compile", "ours_aot_cold", "ours_aot_load"},
+    "flux": {"eager", "torch_compile", "torch_compile_blocks", "ours_blocks", "ours_blocks_load"},
+    "wan": {"eager", "torch_compile", "torch_compile_blocks", "ours_blocks", "ours_blocks_load"},
+}
+
+
+def test_the_check_plans_exactly_the_configurations_asked_for():
+    jobs = check.plan()
+    assert {(j.model, j.variant) for j in jobs} == {(m, v) for m, vs in ASKED.items() for v in vs}
+    assert len(jobs) == len({(j.model, j.variant) for j in jobs})  # each once
+    assert {j.model: j.dtype for j in jobs} == {"sd15": "fp16", "sdxl": "fp16", "vae": "bf16", "flux": "bf16",
+                                                "wan": "bf16"}
+    assert {j.lane for j in jobs} == set(range(check.LANES))
+    for model in ASKED:
+        lanes = {j.lane for j in jobs if j.model == model}
+        assert len(lanes) == 1, model  # the loaded run reads what the cold one saved, in the same lane
+        order = [j.variant for j in jobs if j.model == model]
+        blocks = model in M.TRANSFORMERS
+        cold, load = ("ours_blocks", "ours_blocks_load") if blocks else ("ours_aot_cold", "ours_aot_load")
+        assert order.index(cold) < order.index(load) and order[0] == "eager"
+        assert order.index(load) < order.index("torch_compile")  # ours first: torch.compile's first call is known
+    for job in jobs:
+        assert 0 < job.estimate_s <= job.timeout_s <= check.BUDGET_S - check.REPORT_S
+        if job.variant == "torch_compile":
+            assert job.sweep_s == 0 and "recompile" in job.sweep_why  # skipped, with the reason
+        elif job.variant == "torch_compile_blocks":
+            assert job.sweep_s > 0 and job.sweep_why
+        else:
+            assert job.sweep_s is None and not job.sweep_why  # ours and eager: the whole sweep
+    one_lane = check.plan(lanes=1)
+    assert {j.lane for j in one_lane} == {0} and len(one_lane) == len(jobs)
+
+
+def test_the_check_can_be_narrowed_to_models_and_variants():
+    jobs = check.plan(models=["flux", "sd15"], variants=["eager", "ours_blocks", "ours_blocks_load"])
+    assert [(j.model, j.variant) for j in sorted(jobs, key=lambda j: (j.model, j.variant))] == [
+        ("flux", "eager"), ("flux", "ours_blocks"), ("flux", "ours_blocks_load"), ("sd15", "eager")]
+
+
+def test_the_check_profile_is_the_full_configs_on_gpu_sizes_with_flux_cut_to_three_blocks():
+    flux = M.transformer_spec("flux", "check", "cuda")
+    assert (flux.config["num_layers"], flux.config["num_single_layers"]) == (1, 2)
+    assert {k: flux.config[k] for k in ("num_attention_heads", "attention_head_dim", "joint_attention_dim")} == \
+        {k: C.FLUX[k] for k in ("num_attention_heads", "attention_head_dim", "joint_attention_dim")}  # full width
+    assert flux.describe()["changed_from_real_config"] == {"num_layers": 1, "num_single_layers": 2}
+    wan = M.transformer_spec("wan", "check", "cuda")
+    assert wan.config == C.WAN and not wan.changes  # Wan 2.1 1.3B as it is
+    for name in M.MODELS:
+        full, checked = M.spec(name, "full", "cuda"), M.spec(name, "check", "cuda")
+        assert checked.config == full.config and checked.sweep() == full.sweep()
+        assert checked.steady_shapes == full.steady_shapes[:1]
+    assert M.transformer_spec("wan", "check", "cuda").sweep() == M.transformer_spec("wan", "full", "cuda").sweep()
+
+
+def test_a_job_starts_only_with_enough_of_the_budget_left_and_never_runs_past_it():
+    job = next(j for j in check.plan() if (j.model, j.variant) == ("sd15", "ours_aot_cold"))
+    limit, why = check.admit(job, 1000.0)
+    assert limit == job.timeout_s and why is None
+    limit, why = check.admit(job, job.estimate_s)  # less than its time limit left: the limit is what is left
+    assert limit == job.estimate_s and why is None
+    limit, why = check.admit(job, job.estimate_s / 2 - 1)
+    assert limit is None and "budget" in why and f"{job.estimate_s:.0f} s" in why
+    small = next(j for j in check.plan() if (j.model, j.variant) == ("vae", "eager"))
+    assert check.admit(small, check.MIN_JOB_S - 1)[0] is None and check.admit(small, check.MIN_JOB_S)[0] is not None
+
+
+def test_what_each_job_process_is_given(tmp_path):
+    jobs = {(j.model, j.variant): j for j in check.plan()}
+    job = jobs[("sdxl", "torch_compile")].worker_job(tmp_path, "cuda", 150.0)
+    assert job["profile"] == "check" and job["device"] == "cuda" and job["dtype"] == "fp16"
+    assert job["compare"] and job["checkpoints"] and job["build_on_device"] and not job["steady_static"]
+    assert job["steady_lock"] == str(tmp_path / "steady.lock") and job["dump_after_s"] < 150.0
+    assert job["sweep_s"] == 0 and job["sweep_why"]
+    load = jobs[("sdxl", "ours_aot_load")].worker_job(tmp_path, "cuda", 150.0)
+    assert load["graphs_dir"] == jobs[("sdxl", "ours_aot_cold")].worker_job(tmp_path, "cuda", 150.0)["graphs_dir"]
+    assert "sweep_s" not in load
+    assert check.core_share(3, 16) == {"TORCHINDUCTOR_COMPILE_THREADS": "5", "KEEPFAST_BUILD_PROCESSES": "5"}
+    assert check.core_share(1, 16) == {}
+
+
+def test_the_cli_runs_the_check_with_its_options(monkeypatch, tmp_path):
+    from compiler.cli import build_parser
+
+    seen = {}
+    monkeypatch.setattr(check, "run_check", lambda out, **kwargs: seen.update(kwargs, out=out) or 0)
+    args = build_parser().parse_args(["bench", "--out", str(tmp_path), "--device", "cuda", "--check",
+                                      "--budget", "300", "--lanes", "2", "--models", "sd15,flux"])
+    assert args.run(args) == 0
+    assert seen["budget_s"] == 300 and seen["lanes"] == 2 and seen["models"] == ["sd15", "flux"]
+    assert seen["device"] == "cuda" and seen["out"] == tmp_path
+    defaults = build_parser().parse_args(["bench", "--out", "o", "--device", "cuda", "--check"])
+    seen.clear()
+    defaults.run(defaults)
+    assert seen["budget_s"] == check.BUDGET_S and seen["lanes"] == check.LANES
+
+
+def test_the_check_refuses_a_cpu(tmp_path, capsys):
+    assert check.run_check(tmp_path / "out", device="cpu") == 2
+    assert "--device cuda" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+# -- the files the check writes ---------------------------------------------------------------------------------
+
+def _ran(model, variant, first=1.0, compiled=0.010, eager=0.012, mb=2300.0, diff=2e-3, **extra):
+    shape = [2, 64, 64]
+    return {"model": model, "variant": variant, "first_call_s": first,
+            "first_call_compiles": 0 if variant == "eager" else 1,
+            "process_to_first_result_s": first + 8, "process_wall_s": first + 20, "parameters": 859_000_000,
+            "sweep": [{"shape": shape, "s": 0.1, "compiles": 0}], "sweep_compiles": 0, "sweep_wall_s": 1.0,
+            "steady": {"2x64x64": {"shape": shape, "eager": [eager], "compiled": [compiled], "eager_median_s": eager,
+                                   "compiled_median_s": compiled, "eager_min_s": eager, "compiled_min_s": compiled}},
+            "cuda_max_memory_allocated_mb": mb, "vs_eager": {"max_abs": diff, "max_rel": diff / 4, "rows": []},
+            "peak_rss_mb": 3000.0, "check": {"lane": 0, "timeout_s": 90.0}, **extra}
+
+
+def test_the_check_writes_at_most_eight_files_and_each_result_has_memory_and_difference(tmp_path):
+    out = tmp_path / "out"
+    jobs = check.plan(models=["sd15", "flux"])
+    log = JobLog(out / check.LOG_NAME)
+    log.say("KeepFast device check: test")
+    log.write("sd15-eager", "a job's line\n")
+    results = {
+        ("sd15", "eager"): _ran("sd15", "eager", diff=0.0),
+        ("sd15", "ours_aot_cold"): _ran("sd15", "ours_aot_cold", first=120.0, graphs_saved=1,
+                                        verified={"checks": 15, "mismatches": 0}),
+        ("sd15", "ours_aot_load"): _ran("sd15", "ours_aot_load", first=2.0, compiled=0.008,
+                                        verified={"checks": 15, "mismatches": 0}),
+        ("sd15", "torch_compile"): _ran("sd15", "torch_compile", first=54.0, sweep_cut={
+            "done": 0, "of": 15, "why": "not run in the check"}),
+        ("flux", "eager"): _ran("flux", "eager"),
+        ("flux", "ours_blocks"): {"model": "flux", "variant": "ours_blocks", "first_call_s": 40.0, "partial": True,
+                                  "cuda_max_memory_allocated_mb": 9000.0,
+                                  "error": "timed out after 180 s: [  179.0 s] sweep (1, 64, 64, 1)"},
+        ("flux", "ours_blocks_load"): {"model": "flux", "variant": "ours_blocks_load",
+                                       "skipped": "needs ours_blocks, which failed"},
+    }
+    for key in ("sweep", "sweep_compiles", "sweep_wall_s"):  # a sweep not run has none of its figures
+        results[("sd15", "torch_compile")].pop(key)
+    meta = {"device": "cuda", "dtype": "per model", "profile": "check", "torch": "2.11", "gpu": "H100"}
+    paths = check.write(out, results, jobs, meta, check.BUDGET_S, check.LANES, final=True)
+    written = sorted(p.name for p in out.iterdir())
+    assert len(written) <= 8 and set(written) <= set(check.FILES)
+    assert {"bench.json", "bench.md", check.LOG_NAME} <= set(written)
+    assert sorted(p.name for p in paths.values()) == sorted(set(written) - {check.LOG_NAME})
+    data = json.loads((out / "bench.json").read_text())
+    rows = {(r["model"], r["variant"]): r for r in data["check"]["rows"]}
+    assert set(rows) == {(j.model, j.variant) for j in jobs}
+    for key, result in results.items():
+        row = rows[key]
+        if "skipped" in result:
+            assert row["status"] == "skipped" and row["why"] == result["skipped"]
+            continue
+        assert row["cuda_max_memory_allocated_mb"] == result["cuda_max_memory_allocated_mb"]
+        if "vs_eager" in result:
+            assert row["max_abs_diff_vs_eager"] == result["vs_eager"]["max_abs"]
+    assert rows[("flux", "ours_blocks")]["status"] == "timed out" and rows[("flux", "ours_blocks")]["partial"]
+    assert rows[("flux", "torch_compile")]["status"] == "not reached"
+    assert rows[("sd15", "torch_compile")]["sweep_why"] == "not run in the check"
+    assert rows[("sd15", "ours_aot_load")]["steady_vs_eager"] == pytest.approx(1.5)
+    text = (out / "bench.md").read_text()
+    assert "## Device check (`--check`)" in text
+    assert "| sd15 | ours_aot_load | fp16 | ok | 2.00 |" in text
+    assert "| flux | ours_blocks_load | bf16 | skipped: needs ours_blocks, which failed |" in text
+    assert "not run: not run in the check" in text
+    log_text = (out / check.LOG_NAME).read_text()
+    assert "runner | KeepFast device check: test" in log_text and "sd15-eager | a job's line" in log_text
+
+
+def test_the_progress_writes_leave_no_chart_until_the_end(tmp_path):
+    jobs = check.plan(models=["sd15"])
+    results = {("sd15", "eager"): _ran("sd15", "eager")}
+    meta = {"device": "cuda", "profile": "check"}
+    paths = check.write(tmp_path, results, jobs, meta, check.BUDGET_S, 1, final=False)
+    assert sorted(paths) == ["json", "md"] and not (tmp_path / "bench.png").exists()
+    assert json.loads((tmp_path / "bench.json").read_text())["check"]["rows"][0]["status"] == "ok"
+
+
+# -- what the check asks of a job process, on the CPU --------------------------------------------------------------
+
+def test_the_worker_options_of_the_check(tmp_path):
+    """A two-level UNet, eager (with steady pairs): no sweep with its reason, the difference from eager, the figures
+    checkpointed, the steady pairs under the lock."""
+    from compiler.testing.bench import worker
+
+    job = {"model": "sd15", "variant": "eager", "profile": "quick", "device": "cpu", "dtype": "fp32", "reps": 1,
+           "build_on_device": True, "compare": True, "sweep_s": 0, "sweep_why": "not in this test",
+           "steady_lock": str(tmp_path / "steady.lock"), "steady_everywhere": True}
+    checkpoints = []
+    result = worker.run_job(job, lambda figures: checkpoints.append(dict(figures)))
+    assert "sweep" not in result and "sweep_compiles" not in result
+    assert result["sweep_cut"] == {"done": 0, "of": 15, "why": "not in this test"}
+    assert [row["shape"] for row in result["vs_eager"]["rows"]] == [list(M.spec("sd15", "quick").base_shape)]
+    assert result["vs_eager"]["max_abs"] is not None and result["vs_eager"]["max_abs"] < 1e-4
+    assert checkpoints and checkpoints[0]["first_call_s"] == result["first_call_s"]
+    assert "steady" in checkpoints[-1] and (tmp_path / "steady.lock").exists()
+
+
+def test_a_window_cuts_the_sweep_and_says_how_far_it_got():
+    from compiler.testing.bench import worker
+
+    job = {"model": "vae", "variant": "eager", "profile": "quick", "device": "cpu", "dtype": "fp32", "reps": 1,
+           "sweep_s": 1e-9}
+    result = worker.run_job(job)
+    cut = result["sweep_cut"]
+    assert cut["done"] == 1 and cut["of"] == 15 and len(result["sweep"]) == 1  # one shape, then the window was over
+    assert result["sweep_compiles"] == 0 and "vs_eager" not in result  # no comparison unless asked
+
+
+def test_the_job_log_takes_each_line_as_it_comes_and_stops_a_job_at_its_limit(tmp_path):
+    log = JobLog(tmp_path / "check.log")
+    code = log.run("quick-job", [sys.executable, "-c", "print('done'); raise SystemExit(3)"], cwd=str(tmp_path),
+                   env={}, timeout=60)
+    assert code == 3 and log.tail("quick-job") == "done"
+    script = "import time; print('started', flush=True); time.sleep(60); print('never')"
+    assert log.run("slow-job", [sys.executable, "-c", script], cwd=str(tmp_path), env={}, timeout=2) is None
+    text = (tmp_path / "check.log").read_text()
+    assert "quick-job | done" in text and "slow-job | started" in text and "never" not in text
+
+
+def test_each_configuration_runs_in_a_process_of_its_own_and_the_run_writes_at_most_eight_files(tmp_path,
+                                                                                               monkeypatch):
+    """check.execute end to end with the job processes stood in for: one worker process per (model, variant), each
+    with its own job file, result file and Inductor cache; what it leaves in --out is at most the check's files."""
+    import torch
+
+    from compiler.testing.bench import joblog
+
+    started = []
+
+    def fake_run(self, source, command, cwd, env, timeout):
+        assert command[:3] == [sys.executable, "-m", "compiler.testing.bench.worker"]
+        job = json.loads(Path(command[3]).read_text())
+        started.append((source, job["model"], job["variant"], env["TORCHINDUCTOR_CACHE_DIR"], command[4]))
+        self.write(source, f"ran {job['model']}/{job['variant']}")
+        Path(command[4]).write_text(json.dumps(_ran(job["model"], job["variant"])))
+        return 0
+
+    monkeypatch.setattr(joblog.JobLog, "run", fake_run)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "a stand-in GPU")
+    out = tmp_path / "out"
+    jobs = check.plan(models=["sd15", "wan"])
+    assert check.execute(out, "cuda", jobs, budget_s=check.BUDGET_S, lanes=2) == 0
+    assert sorted((model, variant) for _, model, variant, _, _ in started) == \
+        sorted((j.model, j.variant) for j in jobs)  # every configuration once, each its own process
+    assert len({cache for *_, cache, _ in started}) == len(jobs)  # each with an Inductor cache of its own
+    assert len({result for *_, result in started}) == len(jobs)
+    written = sorted(p.name for p in out.iterdir())
+    assert len(written) <= 8 and set(written) <= set(check.FILES), written
+    rows = json.loads((out / "bench.json").read_text())["check"]["rows"]
+    assert {r["status"] for r in rows} == {"ok"} and len(rows) == len(jobs)
+    assert "sd15-ours_aot_load | ran sd15/ours_aot_load" in (out / check.LOG_NAME).read_text()

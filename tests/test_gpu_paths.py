@@ -1,0 +1,346 @@
+"""CUDA paths, checked on a CPU with torch.cuda mocked (no GPU here, nothing compiled).
+
+- keys: a CUDA graph's device kind names its GPU generation (`cuda-sm90`), so graphs for two generations are
+  keyed apart and one for sm80 is never looked up on sm90; CPU keys stay as they were;
+- loading: a graph's package is loaded for the device index its call is on (a module on cuda:1 gets a runner
+  loaded for 1), once per index;
+- building: the job written for a program on a GPU asks for no CPU-level probe, and its needs are read without
+  Inductor's ISA probe.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import zipfile
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+from compiler import environment, machine_fit
+from compiler.backends import aot, package_builds
+from compiler.backends.base import PackageInfo
+from compiler.blocks.binding import InstanceWeights, SharedRunner
+from compiler.flat_module import dump_out_spec, module_tensors
+from compiler.keys import FamilyKey, GraphKey
+from compiler.manifest import Manifest
+from compiler.shapes import ShapeRange
+from compiler.signature import FlatCall
+from compiler.store import GraphRefused, GraphStore
+
+CAPABILITIES = {0: (8, 0), 1: (9, 0)}  # cuda:0 an A100-like GPU, cuda:1 an H100-like one
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """torch.cuda says: two GPUs, cuda:0 of compute capability 8.0 and cuda:1 of 9.0, cuda:0 current."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(CAPABILITIES))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    def capability(device=None):
+        index = torch.cuda.current_device() if device is None else torch.device("cuda", device).index
+        return CAPABILITIES[index]
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+    environment._capability.cache_clear()
+    yield
+    environment._capability.cache_clear()
+
+
+# -- C: keys by compute capability ---------------------------------------------------------------------------
+
+def test_a_cuda_device_kind_names_its_gpu_generation(two_gpus):
+    assert environment.device_kind(torch.device("cuda", 1)) == "cuda-sm90"
+    assert environment.device_kind("cuda:0") == "cuda-sm80"
+    assert environment.device_kind("cuda") == "cuda-sm80"  # no index: the current device
+    assert environment.device_kind("cpu") == "cpu"
+    assert environment.kind_type("cuda-sm90") == "cuda" and environment.kind_type("cpu") == "cpu"
+
+
+def test_graphs_for_two_gpu_generations_have_two_keys_and_cpu_keys_are_unchanged(two_gpus):
+    def family(device):
+        return FamilyKey.here("UNet", "s" * 24, "sig", torch.float16, device, "aot")
+
+    sm80, sm90 = family("cuda:0"), family("cuda:1")
+    assert (sm80.device, sm90.device) == ("cuda-sm80", "cuda-sm90")
+    assert sm80.id != sm90.id
+    assert family("cuda:0").id == sm80.id  # the same GPU generation: the same key
+    cpu = family("cpu")
+    assert cpu == FamilyKey("UNet", "s" * 24, "sig", "float16", "cpu", "aot", torch.__version__)
+
+
+def _empty_package() -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w"):
+        pass
+    return buffer.getvalue()
+
+
+def _stored(store: GraphStore, family: FamilyKey, needs: dict):
+    data = _empty_package()
+    from compiler.atomic import sha256_bytes
+
+    key = GraphKey(family, ShapeRange(batch=(1, 2), spatial=(8, 16)))
+    manifest = Manifest(key=key, package_file=f"{key.id}.pt2", package_sha256=sha256_bytes(data),
+                        package_bytes=len(data), info=PackageInfo(out_spec=dump_out_spec(pytree.tree_flatten([1])[1]),
+                                                                  needs=needs), signature={})
+    return store.import_graph(manifest, data, origin="built here")
+
+
+def _gpu_needs(capability: str) -> dict:
+    return {"version": machine_fit.NEEDS_VERSION, "platform": sys.platform, "machine": machine_fit.machine(),
+            "device": "cuda", "cpu_isa": "", "march": "none", "cpu_features": [], "compute_capability": capability}
+
+
+def test_a_graph_for_another_gpu_generation_is_not_looked_up_and_a_hand_copied_one_is_refused(
+        two_gpus, tmp_path, monkeypatch):
+    loaders = []
+    monkeypatch.setattr(aot, "_new_loader", lambda *args: loaders.append(args))
+    store = GraphStore(tmp_path / "graphs")
+    sm80 = FamilyKey.here("UNet", "s" * 24, "sig", torch.float16, "cuda:0", "aot")
+    sm90 = FamilyKey.here("UNet", "s" * 24, "sig", torch.float16, "cuda:1", "aot")
+    _stored(store, sm80, _gpu_needs("80"))
+    call = FlatCall((torch.zeros(1, 4, 8, 8),), {})
+    found, notes = store.lookup(sm90, call)
+    assert found is None
+    assert any("device: graph has cuda-sm80, this run needs cuda-sm90" in note for note in notes), notes
+    assert store.lookup(sm80, call)[0] is not None  # on an sm80 GPU it is the graph
+    # Copied by hand under the sm90 key: looked up, and refused by what its package needs, before loading.
+    copied = _stored(store, sm90, _gpu_needs("80"))
+    assert store.lookup(sm90, call)[0].name == copied.name
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    with pytest.raises(GraphRefused) as refused:
+        store.load(copied, sm90)
+    assert "its GPU code is for compute capability 8.0; this GPU is 9.0" in str(refused.value)
+    assert loaders == []
+
+
+def test_a_bundle_for_a_gpu_generation_this_machine_lacks_is_refused(two_gpus, monkeypatch):
+    assert environment.kind_available("cuda-sm90") and environment.kind_available("cuda-sm80")
+    assert not environment.kind_available("cuda-sm86")
+    assert environment.kind_available("cuda")  # a key written before kinds named a generation
+    assert environment.kind_available("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not environment.kind_available("cuda-sm90") and not environment.kind_available("cuda")
+
+
+# -- D: packages loaded onto the module's own device ----------------------------------------------------------
+
+class FakeLoader:
+    """torch._C._aoti.AOTIModelPackageLoader, recording what it was made for and what ran on it."""
+
+    made: list = []
+    names: list = []
+
+    def __init__(self, path, model, run_single_threaded, num_runners, device_index):
+        self.device_index = device_index
+        self.constants: dict = {}
+        self.runs = 0
+        FakeLoader.made.append(self)
+
+    def get_constant_fqns(self):
+        return list(FakeLoader.names)
+
+    def load_constants(self, constants, *flags):
+        self.constants = dict(constants)
+
+    def get_call_spec(self):
+        example = [torch.zeros(1)]
+        return [pytree.treespec_dumps(pytree.tree_flatten(((example,), {}))[1]),
+                pytree.treespec_dumps(pytree.tree_flatten(example)[1])]
+
+    def boxed_run(self, inputs):
+        self.runs += 1
+        return [inputs[0] * 2]
+
+
+class OnCuda1(torch.Tensor):
+    """A CPU tensor that says it is on cuda:1 (all a graph reads of a call's device is `.device`)."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 1)
+
+
+@pytest.fixture
+def fake_loader(monkeypatch, two_gpus):
+    FakeLoader.made = []
+    monkeypatch.setattr(torch._C._aoti, "AOTIModelPackageLoader", FakeLoader)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    environment._capability.cache_clear()
+    return FakeLoader
+
+
+def _gpu_graph(module: torch.nn.Module) -> aot.AotGraph:
+    FakeLoader.names = sorted(module_tensors(module))
+    family = FamilyKey.here("Linear", "s" * 24, "sig", torch.float32, "cuda:0", "aot")
+    info = PackageInfo(out_spec=dump_out_spec(pytree.tree_flatten([torch.zeros(1)])[1]),
+                       constant_names=list(FakeLoader.names), needs=_gpu_needs("90"))
+    return aot.AotGraph(GraphKey(family, ShapeRange(batch=(1, 2))), _empty_package(), info, origin="loaded")
+
+
+def test_the_device_index_of_a_call():
+    assert aot.device_index([torch.zeros(1)]) == -1
+    assert aot.device_index([torch.zeros(1), SimpleNamespace(device=torch.device("cuda", 1))]) == 1
+    assert aot.device_index([]) == -1
+
+
+def test_a_package_is_loaded_for_the_device_index_its_call_is_on_once_per_index(fake_loader):
+    module = torch.nn.Linear(4, 4)
+    graph = _gpu_graph(module)
+    assert [loader.device_index for loader in fake_loader.made] == [0]  # loaded for the current GPU
+    x = torch.ones(2, 4).as_subclass(OnCuda1)
+    out = graph.run(module, FlatCall((x,), {}))
+    assert [loader.device_index for loader in fake_loader.made] == [0, 1]
+    home, on_1 = fake_loader.made
+    assert on_1.runs == 1 and home.runs == 0
+    assert on_1.constants == module_tensors(module) and home.constants == {}
+    assert torch.equal(out[0], torch.full((2, 4), 2.0))
+    graph.run(module, FlatCall((x,), {}))
+    assert len(fake_loader.made) == 2 and on_1.runs == 2  # kept for index 1, its weights bound already
+    graph.run(module, FlatCall((torch.ones(2, 4),), {}))  # no GPU index: the device it was first loaded for
+    assert len(fake_loader.made) == 2 and home.runs == 1
+    assert graph.runner_on(1).loader is on_1 and graph.runner_on(0).loader is home
+
+
+def test_a_block_runs_the_package_loaded_for_its_own_device(fake_loader):
+    module = torch.nn.Linear(4, 4)
+    graph = _gpu_graph(module)
+    runner = SharedRunner(graph)
+    assert runner.direct
+    weights = InstanceWeights(module)
+    x = torch.ones(2, 4).as_subclass(OnCuda1)
+    runner.run(weights, [x], rebuild=None)
+    home, on_1 = fake_loader.made
+    assert on_1.device_index == 1 and on_1.runs == 1 and home.runs == 0
+    assert set(on_1.constants) == set(FakeLoader.names)
+    graph.run(module, FlatCall((x,), {}))  # the graph's own run binds the module again on that runner
+    assert len(fake_loader.made) == 2 and on_1.runs == 2
+
+
+def test_a_loader_without_a_device_index_argument_is_made_with_that_device_current(monkeypatch):
+    """An older torch's loader takes no device index: it loads onto the current device, so that is set around it."""
+    made, current = [], []
+
+    class OlderLoader:
+        def __init__(self, path, model, run_single_threaded, num_runners, *rest):
+            if rest:
+                raise TypeError("no device index in this torch")
+            made.append((path, model, list(current)))
+
+    class Current:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            current.append(self.index)
+
+        def __exit__(self, *exc):
+            current.pop()
+
+    monkeypatch.setattr(torch._C._aoti, "AOTIModelPackageLoader", OlderLoader)
+    monkeypatch.setattr(torch.cuda, "device", Current)
+    aot._new_loader("pkg", "model", 1)
+    aot._new_loader("pkg", "part_0", -1)  # the CPU: nothing made current
+    assert made == [("pkg", "model", [1]), ("pkg", "part_0", [])]
+
+
+def test_a_loader_with_a_device_index_argument_is_given_it(monkeypatch):
+    made = []
+    monkeypatch.setattr(torch._C._aoti, "AOTIModelPackageLoader", lambda *args: made.append(args))
+    monkeypatch.setattr(torch.cuda, "device", _must_not_run("setting the current device"))
+    aot._new_loader("pkg", "model", 1)
+    assert made == [("pkg", "model", False, 1, 1)]
+
+
+# -- E: no CPU probe in a CUDA graph's build ------------------------------------------------------------------
+
+@pytest.fixture
+def program():
+    return torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
+
+
+@pytest.fixture
+def inductor_march_unset():
+    from torch._inductor import config
+
+    if not hasattr(config.cpp, "march"):
+        pytest.fail("this torch's Inductor has no cpp.march: the GPU host build would be -march=native")
+    with config.patch({"cpp.march": None}):  # the user's TORCHINDUCTOR_CPP_MARCH aside
+        yield
+
+
+def test_the_job_of_a_cpu_program_asks_for_the_cpu_level(program, tmp_path):
+    package_builds._write_job(program, {"a": 1}, True, tmp_path)
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert job["probe"] == str(package_builds.MACHINE_FIT) and job["configs"] == {"a": 1}
+    assert package_builds._read_probe(tmp_path) is None  # the child writes it
+    assert package_builds.program_device(program) == "cpu"
+
+
+def test_the_job_of_a_cuda_program_asks_for_no_probe(program, tmp_path, monkeypatch, inductor_march_unset):
+    real = package_builds.weightless
+
+    def on_cuda(ep):
+        light, layout = real(ep)
+        return light, {name: entry[:3] + ["cuda:0"] + entry[4:] for name, entry in layout.items()}
+
+    monkeypatch.setattr(package_builds, "weightless", on_cuda)
+    monkeypatch.setattr(machine_fit, "build_probe", _must_not_run("the CPU level probe"))
+    monkeypatch.setattr(machine_fit, "_vec_isa", _must_not_run("Inductor's ISA probe"))
+    package_builds._write_job(program, {"a": 1}, True, tmp_path)
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert "probe" not in job
+    assert {entry[3] for entry in job["weights"].values()} == {"cuda:0"}
+    assert job["configs"] == {"a": 1, "cpp.march": machine_fit.NO_MARCH}  # host code: no -march
+    built_for = package_builds._read_probe(tmp_path)
+    assert built_for == {"march": machine_fit.NO_MARCH, "vec_isa": None, "vec_flags": None}
+    # The parent reads the package's needs as read_built does: from the ISA the package names, no probe.
+    metadata = {"AOTI_DEVICE_KEY": "cuda", "AOTI_CPU_ISA": "AVX2", "AOTI_COMPUTE_CAPABILITY": "90"}
+    needs = machine_fit.needs_of_package(metadata, built_for["march"], built_here=True, vec=None)
+    assert needs["cpu_features"] == sorted(["avx2", "fma", "f16c"]) and needs["march"] == "none"
+    assert needs["device"] == "cuda" and needs["compute_capability"] == "90"
+
+
+def test_a_cuda_program_built_in_process_picks_no_cpu_level(monkeypatch, inductor_march_unset):
+    monkeypatch.setattr(machine_fit, "build_march", _must_not_run("the CPU level probe"))
+    march, configs = aot.package_configs(gpu=True)
+    assert march == machine_fit.NO_MARCH and configs == {**aot.PACKAGE_CONFIG, "cpp.march": machine_fit.NO_MARCH}
+
+
+def test_the_gpu_host_build_runs_no_probe_and_keeps_a_level_the_user_chose(monkeypatch):
+    from torch._inductor import config
+
+    monkeypatch.setattr(machine_fit, "_vec_isa", _must_not_run("Inductor's ISA probe"))
+    monkeypatch.setattr(machine_fit, "host_cpu_features", _must_not_run("the CPU feature read"))
+    monkeypatch.setattr(machine_fit, "_compiler_accepts", _must_not_run("the compiler's -march check"))
+    if not hasattr(config.cpp, "march"):
+        assert machine_fit.gpu_host_build() == (None, {})  # Inductor's own choice
+        return
+    with config.patch({"cpp.march": None}):
+        assert machine_fit.gpu_host_build() == (machine_fit.NO_MARCH, {"cpp.march": machine_fit.NO_MARCH})
+    with config.patch({"cpp.march": "x86-64-v2"}):
+        assert machine_fit.gpu_host_build() == ("x86-64-v2", {})
+    import torch._inductor.cpp_builder as cpp_builder
+
+    with config.patch({"cpp.march": None}):  # an Inductor that would write `-march=`: its own choice is kept
+        monkeypatch.setattr(cpp_builder, "_get_cpu_arch_cflags", lambda compiler: [f"march={config.cpp.march}"])
+        assert machine_fit.gpu_host_build() == (None, {})
+
+
+def test_a_cpu_package_built_here_still_reads_its_exact_isa_flags(monkeypatch):
+    """The probe is left out for GPU packages only: a CPU package built for a named level reads its ISA's flags."""
+    calls = []
+    monkeypatch.setattr(machine_fit, "_vec_isa", lambda: calls.append(1) or None)
+    machine_fit.needs_of_package({"AOTI_CPU_ISA": "AVX2"}, "x86-64-v3", built_here=True, vec=None)
+    assert calls == [1]
+
+
+def _must_not_run(what):
+    def fail(*args, **kwargs):
+        raise AssertionError(f"{what} ran for a CUDA program")
+    return fail
