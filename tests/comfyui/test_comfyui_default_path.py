@@ -162,7 +162,11 @@ def test_after_other_workflows_ran_the_pack_s_workflow_is_served_from_graphs(run
         assert all("built in the background" in reason for reason in compiles), (phase, compiles)
         _same(server, found["prompts"][phase], run["images"])
     taken_in = _reasons(found["lora"], "compile") + _reasons(found["second"], "compile")
-    assert taken_in and any("started earlier for this model" in reason for reason in taken_in), taken_in
+    # Whole-model graphs (the SD UNet, a whole VAE) built for the first run's Speedup outputs, which ComfyUI has
+    # dropped since, say so when a new output takes them in. Block graphs and a video VAE's chunk graphs are
+    # the process's from the start (a template whose VAE an earlier template already compiled takes in none).
+    whole = [reason for reason in taken_in if "block structure" not in reason and " chunk " not in reason]
+    assert not whole or any("started earlier for this model" in reason for reason in whole), taken_in
 
 
 def test_the_runs_without_the_pack_touch_no_graph_and_stop_no_build(runs):
