@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -178,15 +178,6 @@ class ChunkServer:
                 yield found
         finally:
             self.capture = None
-
-    def start_builds_for_states(self, example: Callable[[], Any]) -> int:
-        """Background builds for every cache state a video meets (its first chunk, the second, a later one),
-        started now: `example()` runs an example video of EXAMPLE_CHUNKS chunks eagerly (recorded, not served).
-        A short first video meets only its own states, and the first longer one would otherwise start the rest
-        then, a compile after the first video. Returns the builds started."""
-        with self.capturing() as found:
-            example()
-        return self.forward.start_builds(found)
 
     def __call__(self, x, feat_cache=None, feat_idx=None, **options):
         own = type(self.module).forward

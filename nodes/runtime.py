@@ -68,11 +68,11 @@ def _say_torch_support() -> None:
     """At ComfyUI's start: a torch the pack does not compile with is named now, not at the first image."""
     from ..compiler import torch_support
 
-    refused = torch_support.refusal()
+    refused, untested = torch_support.refusal(), torch_support.untested_note()
     if refused:
         log.warning("[KeepFast] %s", refused)
-    elif torch_support.untested_note():
-        log.info("[KeepFast] %s", torch_support.untested_note())
+    elif untested:
+        log.info("[KeepFast] %s", untested)
 
 
 def _sweep_leftovers() -> None:

@@ -125,8 +125,12 @@ class VaeRunner:
         method = getattr(self.module, op)
         if op in self.chunks:  # the autoencoder's own loop over chunks, each chunk served by a graph
             if self.settings.background and op not in self._states_built and isinstance(sample, torch.Tensor):
-                self._states_built.add(op)  # every cache state the frame range meets, building from the first video
-                self.chunks[op].start_builds_for_states(lambda: self._example_video(op, sample))
+                # Every cache state the frame range meets, building from the first video: a short first video
+                # meets only its own states, and the first longer one would otherwise start the rest then.
+                self._states_built.add(op)
+                height, width = sample.shape[-2:]
+                scale = self.scale if op == "decode" else 1
+                self.chunks[op].forward.start_builds(self._chunk_calls(op, [(width * scale, height * scale)], [1]))
             with self.chunks[op].active():
                 return method(sample, **options)
         reason = self.unserved
@@ -162,13 +166,6 @@ class VaeRunner:
         (LTX-Video: 9), so no frame count of 1 is traced; as latent frames for decode."""
         video = next((f for f in range(2, 257) if self.temporal(f) >= 2), 2)
         return (self.temporal(video),) if op == "decode" else (video,)
-
-    def _example_video(self, op: str, like: torch.Tensor) -> None:
-        """`op` run on one example video of EXAMPLE_CHUNKS chunks at `like`'s size (recorded by the chunk server)."""
-        shape = list(like.shape)
-        shape[0], shape[2] = 1, example_frames(op == "decode")
-        with torch.no_grad():
-            getattr(self.module, op)(torch.randn(shape, dtype=like.dtype, device=like.device))
 
     def _chunk_calls(self, op: str, sizes: List[Tuple[int, int]], batches: List[int]) -> List[Tuple[tuple, dict]]:
         """The chunk calls an example video makes (one per cache state and shape), from one eager run each."""
