@@ -114,12 +114,38 @@ def test_the_cli_runs_the_check_with_its_options(monkeypatch, tmp_path):
     seen.clear()
     defaults.run(defaults)
     assert seen["budget_s"] == check.BUDGET_S and seen["lanes"] == check.LANES
+    assert seen["rehearse"] is False
+    rehearsal = build_parser().parse_args(["bench", "--out", "o", "--device", "cuda", "--check", "--device", "cpu",
+                                           "--rehearse"])  # what `bash .ci/gpu_check.sh --device cpu --rehearse` gives
+    seen.clear()
+    rehearsal.run(rehearsal)
+    assert seen["device"] == "cpu" and seen["rehearse"] is True
 
 
 def test_the_check_refuses_a_cpu(tmp_path, capsys):
     assert check.run_check(tmp_path / "out", device="cpu") == 2
     assert "--device cuda" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+    assert check.run_check(tmp_path / "out", device="cuda", rehearse=True) == 2  # a rehearsal is a CPU's
+    assert "--device cpu" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_a_rehearsal_runs_the_same_jobs_with_the_quick_models_and_says_so(tmp_path):
+    """--rehearse --device cpu: the check's jobs, lanes, limits and sweep windows, with the quick profile's models;
+    bench.md and bench.json say it is a CPU rehearsal."""
+    real, rehearsal = check.plan(), check.plan(profile=check.REHEARSAL_PROFILE)
+    assert [(j.model, j.variant, j.lane, j.timeout_s, j.sweep_s) for j in rehearsal] == \
+        [(j.model, j.variant, j.lane, j.timeout_s, j.sweep_s) for j in real]
+    assert {j.profile for j in real} == {check.PROFILE} and {j.profile for j in rehearsal} == {"quick"}
+    assert rehearsal[0].worker_job(tmp_path, "cpu", 60.0)["profile"] == "quick"
+    jobs = check.plan(models=["vae"], profile=check.REHEARSAL_PROFILE)
+    check.write(tmp_path, {("vae", "eager"): _ran("vae", "eager")}, jobs, {"device": "cpu"}, 100.0, 1, final=False)
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["check"]["rehearsal"] is True
+    assert data["models"]["vae"]["spec"]["config"]["block_out_channels"] == list(M.QUICK_CHANGES["vae"]["block_out_channels"])
+    assert "a CPU rehearsal (`--rehearse`" in (tmp_path / "bench.md").read_text()
+    check.write(tmp_path, {}, check.plan(models=["vae"]), {"device": "cuda"}, 100.0, 1, final=False)
+    assert json.loads((tmp_path / "bench.json").read_text())["check"]["rehearsal"] is False
 
 
 # -- the files the check writes ---------------------------------------------------------------------------------

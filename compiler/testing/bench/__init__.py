@@ -94,6 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --check: seconds for the whole check (default 420: about 7 minutes)")
     parser.add_argument("--lanes", type=int, default=None,
                         help="with --check: jobs run at once (default 3; 1: one after the other)")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="with --check --device cpu: a CPU rehearsal of the check (its jobs, processes, limits "
+                             "and files) with the quick profile's small models; its figures are not a GPU's")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -104,7 +107,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
         return check.run_check(Path(args.out), device=args.device, models=args.models, variants=args.variants,
                                budget_s=args.budget or check.BUDGET_S, lanes=args.lanes or check.LANES,
-                               keep=args.keep)
+                               keep=args.keep, rehearse=args.rehearse)
     dtype = args.dtype or ("fp16" if str(args.device).startswith("cuda") else "fp32")
     only = args.sessions_only or args.weights_only
     return run_bench(Path(args.out), quick=args.quick, device=args.device, dtype=dtype, models=args.models,

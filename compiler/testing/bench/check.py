@@ -28,6 +28,11 @@ about a first compile: the reason is in the report).
 Written into DIR, progressively (a run killed at its limit leaves the results
 so far): bench.json and bench.md after every job, check.log line by line (every
 job's output with its name), bench.png at the end.
+
+`--rehearse --device cpu` runs all of that on a CPU with the quick profile's
+small models (REHEARSAL_PROFILE): the same jobs, processes, limits, budget and
+files, so a first GPU run does not find an import, path or report mistake;
+its figures are a small CPU's, never a GPU's, and its report says so.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from . import report
 from .joblog import JobLog
 
 PROFILE = "check"
+REHEARSAL_PROFILE = "quick"  # --rehearse: the check's jobs on a CPU, with models and sizes a small CPU runs
 BUDGET_S = 420.0  # the whole check on one H100: about 7 minutes (the machine's limit is 10 per command)
 REPORT_S = 20.0  # kept back from the budget for the report and chart at the end
 MIN_JOB_S = 30.0  # no job starts with less than this left (nor with less than half its estimate)
@@ -100,11 +106,12 @@ class CheckJob:
     timeout_s: float
     sweep_s: Optional[float] = None
     sweep_why: str = ""
+    profile: str = PROFILE
 
     def worker_job(self, work: Path, device: str, timeout_s: float) -> Dict[str, Any]:
         """What worker.py is given: the check profile and the check's options (worker.py's docstring)."""
         job: Dict[str, Any] = {
-            "model": self.model, "variant": self.variant, "profile": PROFILE, "device": device, "dtype": self.dtype,
+            "model": self.model, "variant": self.variant, "profile": self.profile, "device": device, "dtype": self.dtype,
             "reps": REPS, "graphs_dir": str(work / f"{self.model}-graphs"), "cache_fresh": True,
             "build_on_device": True, "compare": True, "checkpoints": True, "steady_lock": str(work / "steady.lock"),
             "steady_static": False, "first_use_cost": False, "dump_after_s": max(5.0, timeout_s - 10.0),
@@ -119,12 +126,12 @@ def variants_of(model: str) -> Tuple[str, ...]:
 
 
 def plan(models: Sequence[str] = MODELS, variants: Optional[Sequence[str]] = None,
-         lanes: int = LANES) -> List[CheckJob]:
+         lanes: int = LANES, profile: str = PROFILE) -> List[CheckJob]:
     """The check's jobs, lane by lane and in the order each lane runs them.
 
     A model's jobs share a lane (its loaded run reads the graphs its cold run saved); models go to the lane with
     the least estimated time so far, the longest first; within a lane, jobs run by PRIORITY, then by model.
-    `variants` narrows the check's own (None: all of them).
+    `variants` narrows the check's own (None: all of them); `profile` is the models' (REHEARSAL_PROFILE: --rehearse).
     """
     lanes = max(1, lanes)
     chosen = {m: [v for v in variants_of(m) if variants is None or v in variants] for m in MODELS if m in models}
@@ -141,7 +148,7 @@ def plan(models: Sequence[str] = MODELS, variants: Optional[Sequence[str]] = Non
             estimate, limit = ESTIMATES[(model, variant)]
             window, why = SWEEPS.get(variant, (None, ""))
             jobs.append(CheckJob(model, variant, DTYPES[model], lane_of[model], float(estimate), float(limit),
-                                 window, why))
+                                 window, why, profile))
     return sorted(jobs, key=lambda j: (j.lane, PRIORITY.index(j.variant), MODELS.index(j.model)))
 
 
@@ -205,6 +212,7 @@ def summarise(jobs: List[CheckJob], results: Dict[Tuple[str, str], Dict[str, Any
               lanes: int) -> Dict[str, Any]:
     """bench.json's `check`: the plan and one row per job (its figures, or why it did not run)."""
     return {"budget_s": budget_s, "lanes": lanes, "core_share": core_share(lanes),
+            "rehearsal": any(job.profile != PROFILE for job in jobs),
             "plan": [asdict(job) for job in jobs],
             "rows": [_row(job, results.get((job.model, job.variant))) for job in jobs]}
 
@@ -218,7 +226,11 @@ def _cell(value, digits: int = 2) -> str:
 def markdown(check: Dict[str, Any]) -> List[str]:
     """bench.md's check table: every job, ran or not (with the reason)."""
     share = (check.get("core_share") or {}).get("TORCHINDUCTOR_COMPILE_THREADS", "all")
-    lines = ["## Device check (`--check`)", "",
+    title = "## Device check (`--check`)"
+    if check.get("rehearsal"):
+        title += (f": a CPU rehearsal (`--rehearse`, the {REHEARSAL_PROFILE} profile's small models), not GPU "
+                  "figures")
+    lines = [title, "",
              f"Budget {check['budget_s']:.0f} s; {check['lanes']} lanes at once, each model's jobs in one lane "
              f"(Inductor compile threads and build processes per job: {share}); timed steady-state pairs never "
              "overlap between jobs, first calls and compiles ran beside other jobs. Steady state: the first steady shape, "
@@ -254,7 +266,7 @@ def write(out: Path, results: Dict[Tuple[str, str], Dict[str, Any]], jobs: List[
           budget_s: float, lanes: int, final: bool) -> Dict[str, Path]:
     """bench.json and bench.md from the results so far (and bench.png when `final`); the files written."""
     device = meta.get("device", "cuda")
-    specs = {m: M.any_spec(m, PROFILE, device).describe() for m in dict.fromkeys(j.model for j in jobs)}
+    specs = {j.model: M.any_spec(j.model, j.profile, device).describe() for j in jobs}
     ran = [r for j in jobs for r in [results.get((j.model, j.variant))] if r is not None]
     summary = report.summarise(ran, meta, specs, {"run": False, "why": "not part of the device check"})
     summary["check"] = summarise(jobs, results, budget_s, lanes)
@@ -271,17 +283,24 @@ def write(out: Path, results: Dict[Tuple[str, str], Dict[str, Any]], jobs: List[
 # -- running it -------------------------------------------------------------------------------------------------
 
 def run_check(out: Path, device: str = "cuda", models: Sequence[str] = MODELS, variants: Optional[Sequence[str]] = None,
-              budget_s: float = BUDGET_S, lanes: int = LANES, keep: bool = False) -> int:
-    """Run the check (CheckJob.worker_job in its own process each, LANES at once) within `budget_s`."""
-    if not str(device).startswith("cuda"):
-        print("--check is the device check of one GPU: give --device cuda", file=sys.stderr)
+              budget_s: float = BUDGET_S, lanes: int = LANES, keep: bool = False, rehearse: bool = False) -> int:
+    """Run the check (CheckJob.worker_job in its own process each, LANES at once) within `budget_s`; `rehearse`:
+    on the CPU, with REHEARSAL_PROFILE's models."""
+    cuda = str(device).startswith("cuda")
+    if rehearse and cuda:
+        print("--rehearse is a CPU rehearsal of the check: give --device cpu (or leave --rehearse out)", file=sys.stderr)
+        return 2
+    if not cuda and not rehearse:
+        print("--check is the device check of one GPU: give --device cuda (a CPU runs it only as a rehearsal, with "
+              "small models: --device cpu --rehearse)", file=sys.stderr)
         return 2
     import torch
 
-    if not torch.cuda.is_available():
+    if cuda and not torch.cuda.is_available():
         print(f"--device {device}: CUDA is not available to this torch ({torch.__version__})", file=sys.stderr)
         return 2
-    return execute(Path(out), device, plan(models, variants, lanes), budget_s, lanes, keep)
+    profile = REHEARSAL_PROFILE if rehearse else PROFILE
+    return execute(Path(out), device, plan(models, variants, lanes, profile), budget_s, lanes, keep)
 
 
 def execute(out: Path, device: str, jobs: List[CheckJob], budget_s: float, lanes: int, keep: bool = False) -> int:
@@ -294,6 +313,7 @@ def execute(out: Path, device: str, jobs: List[CheckJob], budget_s: float, lanes
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="keepfast-check-"))
     log = JobLog(out / LOG_NAME)
+    rehearsal = any(job.profile != PROFILE for job in jobs)
     meta: Dict[str, Any] = {
         "profile": PROFILE, "quick": False, "device": device, "dtype": "per model: " + ", ".join(
             f"{m} {DTYPES[m]}" for m in dict.fromkeys(j.model for j in jobs)), "reps": REPS,
@@ -302,7 +322,13 @@ def execute(out: Path, device: str, jobs: List[CheckJob], budget_s: float, lanes
                         "weights",
         **machine_meta(device, started),
     }
-    log.say(f"KeepFast device check: {len(jobs)} jobs in {lanes} lanes, budget {budget_s:.0f} s; {meta['gpu']}; "
+    if rehearsal:
+        meta.update(profile=f"check rehearsal ({REHEARSAL_PROFILE})", quick=True,
+                    profile_text=f"a CPU rehearsal of the device check (--rehearse): its jobs, processes, limits and "
+                                 f"files with the {REHEARSAL_PROFILE} profile's small models (two levels, narrow "
+                                 "widths); a small CPU's figures, not a GPU's")
+    log.say(f"KeepFast device check: {len(jobs)} jobs in {lanes} lanes, budget {budget_s:.0f} s; "
+            f"{meta['gpu'] or 'no GPU: a CPU rehearsal (' + meta['profile'] + ')'}; "
             f"torch {meta['torch']}; work folder {work}")
     for job in jobs:
         log.say(f"  lane {job.lane}: {job.model}/{job.variant} {job.dtype}, about {job.estimate_s:.0f} s, limit "
