@@ -114,12 +114,16 @@ def test_the_cli_runs_the_check_with_its_options(monkeypatch, tmp_path):
     seen.clear()
     defaults.run(defaults)
     assert seen["budget_s"] == check.BUDGET_S and seen["lanes"] == check.LANES
-    assert seen["rehearse"] is False
+    assert seen["rehearse"] is False and seen["job_timeout"] is None
     rehearsal = build_parser().parse_args(["bench", "--out", "o", "--device", "cuda", "--check", "--device", "cpu",
                                            "--rehearse"])  # what `bash .ci/gpu_check.sh --device cpu --rehearse` gives
     seen.clear()
     rehearsal.run(rehearsal)
     assert seen["device"] == "cpu" and seen["rehearse"] is True
+    longer = build_parser().parse_args(["bench", "--out", "o", "--check", "--job-timeout", "900"])
+    seen.clear()
+    longer.run(longer)
+    assert seen["job_timeout"] == 900
 
 
 def test_the_check_refuses_a_cpu(tmp_path, capsys):
@@ -138,6 +142,7 @@ def test_a_rehearsal_runs_the_same_jobs_with_the_quick_models_and_says_so(tmp_pa
         [(j.model, j.variant, j.lane, j.timeout_s, j.sweep_s) for j in real]
     assert {j.profile for j in real} == {check.PROFILE} and {j.profile for j in rehearsal} == {"quick"}
     assert rehearsal[0].worker_job(tmp_path, "cpu", 60.0)["profile"] == "quick"
+    assert {j.timeout_s for j in check.plan(profile=check.REHEARSAL_PROFILE, job_timeout=900)} == {900.0}
     jobs = check.plan(models=["vae"], profile=check.REHEARSAL_PROFILE)
     check.write(tmp_path, {("vae", "eager"): _ran("vae", "eager")}, jobs, {"device": "cpu"}, 100.0, 1, final=False)
     data = json.loads((tmp_path / "bench.json").read_text())

@@ -83,7 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights-only", action="store_true",
                         help="only the --weights part (no steady-state, sweep, session or ComfyUI end-to-end parts)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, caches, graphs)")
-    parser.add_argument("--job-timeout", type=float, default=None, help="seconds per configuration")
+    parser.add_argument("--job-timeout", type=float, default=None,
+                        help="seconds per configuration (with --check: instead of each one's own limit in check.py)")
     parser.add_argument("--check", action="store_true",
                         help="the device check of one GPU (with --device cuda): the real SD1.5, SDXL and VAE "
                              "configs whole, Flux (1 double + 2 single blocks, full width) and Wan 2.1 1.3B by "
@@ -107,7 +108,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
         return check.run_check(Path(args.out), device=args.device, models=args.models, variants=args.variants,
                                budget_s=args.budget or check.BUDGET_S, lanes=args.lanes or check.LANES,
-                               keep=args.keep, rehearse=args.rehearse)
+                               keep=args.keep, rehearse=args.rehearse, job_timeout=args.job_timeout)
     dtype = args.dtype or ("fp16" if str(args.device).startswith("cuda") else "fp32")
     only = args.sessions_only or args.weights_only
     return run_bench(Path(args.out), quick=args.quick, device=args.device, dtype=dtype, models=args.models,

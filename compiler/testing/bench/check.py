@@ -126,12 +126,13 @@ def variants_of(model: str) -> Tuple[str, ...]:
 
 
 def plan(models: Sequence[str] = MODELS, variants: Optional[Sequence[str]] = None,
-         lanes: int = LANES, profile: str = PROFILE) -> List[CheckJob]:
+         lanes: int = LANES, profile: str = PROFILE, job_timeout: Optional[float] = None) -> List[CheckJob]:
     """The check's jobs, lane by lane and in the order each lane runs them.
 
     A model's jobs share a lane (its loaded run reads the graphs its cold run saved); models go to the lane with
     the least estimated time so far, the longest first; within a lane, jobs run by PRIORITY, then by model.
-    `variants` narrows the check's own (None: all of them); `profile` is the models' (REHEARSAL_PROFILE: --rehearse).
+    `variants` narrows the check's own (None: all of them); `profile` is the models' (REHEARSAL_PROFILE: --rehearse);
+    `job_timeout` replaces every job's own time limit (a rehearsal on a small CPU needs longer ones).
     """
     lanes = max(1, lanes)
     chosen = {m: [v for v in variants_of(m) if variants is None or v in variants] for m in MODELS if m in models}
@@ -147,8 +148,8 @@ def plan(models: Sequence[str] = MODELS, variants: Optional[Sequence[str]] = Non
         for variant in vs:
             estimate, limit = ESTIMATES[(model, variant)]
             window, why = SWEEPS.get(variant, (None, ""))
-            jobs.append(CheckJob(model, variant, DTYPES[model], lane_of[model], float(estimate), float(limit),
-                                 window, why, profile))
+            jobs.append(CheckJob(model, variant, DTYPES[model], lane_of[model], float(estimate),
+                                 float(job_timeout or limit), window, why, profile))
     return sorted(jobs, key=lambda j: (j.lane, PRIORITY.index(j.variant), MODELS.index(j.model)))
 
 
@@ -283,9 +284,10 @@ def write(out: Path, results: Dict[Tuple[str, str], Dict[str, Any]], jobs: List[
 # -- running it -------------------------------------------------------------------------------------------------
 
 def run_check(out: Path, device: str = "cuda", models: Sequence[str] = MODELS, variants: Optional[Sequence[str]] = None,
-              budget_s: float = BUDGET_S, lanes: int = LANES, keep: bool = False, rehearse: bool = False) -> int:
+              budget_s: float = BUDGET_S, lanes: int = LANES, keep: bool = False, rehearse: bool = False,
+              job_timeout: Optional[float] = None) -> int:
     """Run the check (CheckJob.worker_job in its own process each, LANES at once) within `budget_s`; `rehearse`:
-    on the CPU, with REHEARSAL_PROFILE's models."""
+    on the CPU, with REHEARSAL_PROFILE's models; `job_timeout`: every job's time limit instead of its own."""
     cuda = str(device).startswith("cuda")
     if rehearse and cuda:
         print("--rehearse is a CPU rehearsal of the check: give --device cpu (or leave --rehearse out)", file=sys.stderr)
@@ -300,7 +302,7 @@ def run_check(out: Path, device: str = "cuda", models: Sequence[str] = MODELS, v
         print(f"--device {device}: CUDA is not available to this torch ({torch.__version__})", file=sys.stderr)
         return 2
     profile = REHEARSAL_PROFILE if rehearse else PROFILE
-    return execute(Path(out), device, plan(models, variants, lanes, profile), budget_s, lanes, keep)
+    return execute(Path(out), device, plan(models, variants, lanes, profile, job_timeout), budget_s, lanes, keep)
 
 
 def execute(out: Path, device: str, jobs: List[CheckJob], budget_s: float, lanes: int, keep: bool = False) -> int:
