@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Deque, Dict, List, Optional, Sequence
 
 TAIL_LINES = 15  # a failed job's error quotes this many of its last lines
+STEP = re.compile(r"^\[\s*\d+(\.\d+)? s\] ")  # worker.py's progress lines: "[    12.3 s] first call ..."
 
 
 class JobLog:
@@ -30,6 +32,7 @@ class JobLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._tails: Dict[str, Deque[str]] = {}
+        self._steps: Dict[str, str] = {}
         self._started = time.time()
 
     def write(self, source: str, text: str) -> None:
@@ -39,6 +42,8 @@ class JobLog:
             for line in text.rstrip("\n").split("\n"):
                 handle.write(f"{stamp} {source} | {line}\n")
                 self._tails.setdefault(source, collections.deque(maxlen=TAIL_LINES)).append(line)
+                if STEP.match(line):
+                    self._steps[source] = line
 
     def say(self, text: str) -> None:
         """A line of the runner's own, printed and logged."""
@@ -48,6 +53,12 @@ class JobLog:
     def tail(self, source: str) -> str:
         with self._lock:
             return "\n".join(self._tails.get(source, ()))
+
+    def last_step(self, source: str) -> Optional[str]:
+        """The last progress line `source` printed (worker.py's `[  12.3 s] ...`): where a job that was stopped
+        was, when its last lines are Python's stacks."""
+        with self._lock:
+            return self._steps.get(source)
 
     def run(self, source: str, command: Sequence[str], cwd: str, env: Dict[str, str], timeout: float) -> Optional[int]:
         """Run `command`, its output into this log as it comes; its exit status, or None when it was killed at

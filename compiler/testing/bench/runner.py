@@ -72,9 +72,11 @@ def run_job(job: Dict[str, Any], work: Path, env: Dict[str, str], timeout: float
     partial.unlink(missing_ok=True)
     command = [sys.executable, "-m", "compiler.testing.bench.worker", str(job_path), str(result_path)]
     spawned = time.time()
+    step = None
     if log is not None:
         code = log.run(tag, command, cwd=str(REPO), env=env, timeout=timeout)
         tail = lambda: log.tail(tag)  # noqa: E731
+        step = log.last_step(tag)
     else:
         with open(log_path, "w") as output:
             try:
@@ -89,9 +91,11 @@ def run_job(job: Dict[str, Any], work: Path, env: Dict[str, str], timeout: float
         result = json.loads(result_path.read_text())
     else:
         why = f"timed out after {timeout:.0f} s" if code is None else f"exited with {code}"
+        if step:  # the error's first line (the report's row) says where it was, not a line of its stacks
+            why += f", its last step: {' '.join(step.split())}"
         result = json.loads(partial.read_text()) if partial.exists() else {"variant": job["variant"],
                                                                            "model": job["model"]}
-        result["error"] = f"{why}: {tail()}"
+        result["error"] = f"{why}\nits last lines:\n{tail()}"
         if partial.exists():
             result["partial"] = True  # the figures it wrote before it ended
     if code is None and "error" not in result:
