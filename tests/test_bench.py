@@ -101,7 +101,7 @@ def test_sweep_is_5_resolutions_by_3_batches_inside_the_declared_range(name, pro
     low, high = spec.range_spatial
     assert all(spec.range_batch[0] <= b <= spec.range_batch[1] and low <= h <= high and low <= w <= high
                for b, h, w in sweep)
-    if profile == "quick":
+    if profile in M.QUICK_PROFILES:
         assert spec.changes  # the output says what was scaled down
     assert spec.describe()["changed_from_real_config"] == {k: list(v) if isinstance(v, tuple) else v
                                                            for k, v in spec.changes.items()}

@@ -140,8 +140,12 @@ def test_a_rehearsal_runs_the_same_jobs_with_the_quick_models_and_says_so(tmp_pa
     real, rehearsal = check.plan(), check.plan(profile=check.REHEARSAL_PROFILE)
     assert [(j.model, j.variant, j.lane, j.timeout_s, j.sweep_s) for j in rehearsal] == \
         [(j.model, j.variant, j.lane, j.timeout_s, j.sweep_s) for j in real]
-    assert {j.profile for j in real} == {check.PROFILE} and {j.profile for j in rehearsal} == {"quick"}
-    assert rehearsal[0].worker_job(tmp_path, "cpu", 60.0)["profile"] == "quick"
+    assert {j.profile for j in real} == {check.PROFILE} and {j.profile for j in rehearsal} == {"rehearsal"}
+    assert rehearsal[0].worker_job(tmp_path, "cpu", 60.0)["profile"] == "rehearsal"
+    for name in check.MODELS:  # the quick models and sizes, with the check's one steady shape (as bench.md shows)
+        quick, rehearsed = M.any_spec(name, "quick", "cpu"), M.any_spec(name, "rehearsal", "cpu")
+        assert rehearsed.config == quick.config and rehearsed.sweep() == quick.sweep()
+        assert rehearsed.steady_shapes == quick.steady_shapes[:1] and len(quick.steady_shapes) > 1
     assert {j.timeout_s for j in check.plan(profile=check.REHEARSAL_PROFILE, job_timeout=900)} == {900.0}
     jobs = check.plan(models=["vae"], profile=check.REHEARSAL_PROFILE)
     check.write(tmp_path, {("vae", "eager"): _ran("vae", "eager")}, jobs, {"device": "cpu"}, 100.0, 1, final=False)
@@ -265,10 +269,34 @@ def test_the_job_log_takes_each_line_as_it_comes_and_stops_a_job_at_its_limit(tm
     code = log.run("quick-job", [sys.executable, "-c", "print('done'); raise SystemExit(3)"], cwd=str(tmp_path),
                    env={}, timeout=60)
     assert code == 3 and log.tail("quick-job") == "done"
-    script = "import time; print('started', flush=True); time.sleep(60); print('never')"
+    script = "import time; print('[ 0.1 s] started', flush=True); print('stacks'); time.sleep(60); print('never')"
     assert log.run("slow-job", [sys.executable, "-c", script], cwd=str(tmp_path), env={}, timeout=2) is None
+    assert log.last_step("slow-job") == "[ 0.1 s] started" and log.last_step("quick-job") is None
     text = (tmp_path / "check.log").read_text()
-    assert "quick-job | done" in text and "slow-job | started" in text and "never" not in text
+    assert "quick-job | done" in text and "slow-job | [ 0.1 s] started" in text and "never" not in text
+
+
+def test_a_job_stopped_at_its_limit_is_reported_by_its_last_step_not_a_line_of_its_stacks(tmp_path, monkeypatch):
+    """A job killed at its limit printed Python's stacks 10 s before it (worker.py): its row says where it was (the
+    last progress line), and the error keeps the stacks' last lines."""
+    from compiler.testing.bench import joblog, runner
+
+    step = "[     9.3 s] ours_aot_cold vae: built in 9.3 s; first call at (1, 32, 32)"
+
+    def fake_run(self, source, command, cwd, env, timeout):
+        self.write(source, step)
+        self.write(source, "Timeout (0:02:50)!\n" + "\n".join(f'  File "x.py", line {i} in f' for i in range(30)))
+        return None  # stopped at its limit
+
+    monkeypatch.setattr(joblog.JobLog, "run", fake_run)
+    log = JobLog(tmp_path / check.LOG_NAME)
+    result = runner.run_job({"model": "vae", "variant": "ours_aot_cold"}, tmp_path, {}, 180.0, log=log)
+    assert result["error"].splitlines()[0] == ("timed out after 180 s, its last step: [ 9.3 s] ours_aot_cold vae: "
+                                               "built in 9.3 s; first call at (1, 32, 32)")
+    assert 'File "x.py", line 29 in f' in result["error"] and "partial" not in result
+    job = next(j for j in check.plan(models=["vae"]) if j.variant == "ours_aot_cold")
+    row = check._row(job, result)
+    assert row["status"] == "timed out" and row["why"] == result["error"].splitlines()[0]
 
 
 def test_each_configuration_runs_in_a_process_of_its_own_and_the_run_writes_at_most_eight_files(tmp_path,

@@ -38,7 +38,7 @@ def test_transformer_sweep_is_5_sizes_by_the_batches_inside_the_declared_range(n
         assert any("2-core CPU" in note for note in spec.notes)
     # scaled down: --quick, the full profile on a CPU (a block per structure), and Flux in the device check (its
     # full width, 1 double + 2 single blocks)
-    scaled = profile == "quick" or (profile == "full" and device == "cpu") or (profile == "check" and name == "flux")
+    scaled = profile in M.QUICK_PROFILES or (profile == "full" and device == "cpu") or (profile == "check" and name == "flux")
     assert scaled == bool(spec.changes)
     assert spec.describe()["kind"] == "transformer"
 

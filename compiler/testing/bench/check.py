@@ -52,7 +52,7 @@ from . import report
 from .joblog import JobLog
 
 PROFILE = "check"
-REHEARSAL_PROFILE = "quick"  # --rehearse: the check's jobs on a CPU, with models and sizes a small CPU runs
+REHEARSAL_PROFILE = "rehearsal"  # --rehearse: the check's jobs on a CPU, with the quick profile's small models
 BUDGET_S = 420.0  # the whole check on one H100: about 7 minutes (the machine's limit is 10 per command)
 REPORT_S = 20.0  # kept back from the budget for the report and chart at the end
 MIN_JOB_S = 30.0  # no job starts with less than this left (nor with less than half its estimate)
@@ -229,8 +229,7 @@ def markdown(check: Dict[str, Any]) -> List[str]:
     share = (check.get("core_share") or {}).get("TORCHINDUCTOR_COMPILE_THREADS", "all")
     title = "## Device check (`--check`)"
     if check.get("rehearsal"):
-        title += (f": a CPU rehearsal (`--rehearse`, the {REHEARSAL_PROFILE} profile's small models), not GPU "
-                  "figures")
+        title += ": a CPU rehearsal (`--rehearse`, the quick profile's small models), not GPU figures"
     lines = [title, "",
              f"Budget {check['budget_s']:.0f} s; {check['lanes']} lanes at once, each model's jobs in one lane "
              f"(Inductor compile threads and build processes per job: {share}); timed steady-state pairs never "
@@ -325,12 +324,12 @@ def execute(out: Path, device: str, jobs: List[CheckJob], budget_s: float, lanes
         **machine_meta(device, started),
     }
     if rehearsal:
-        meta.update(profile=f"check rehearsal ({REHEARSAL_PROFILE})", quick=True,
-                    profile_text=f"a CPU rehearsal of the device check (--rehearse): its jobs, processes, limits and "
-                                 f"files with the {REHEARSAL_PROFILE} profile's small models (two levels, narrow "
-                                 "widths); a small CPU's figures, not a GPU's")
+        meta.update(profile=REHEARSAL_PROFILE, quick=True,
+                    profile_text="a CPU rehearsal of the device check (--rehearse): its jobs, processes, limits and "
+                                 "files with the quick profile's small models (two levels, narrow widths) and the "
+                                 "check's one steady shape; a small CPU's figures, not a GPU's")
     log.say(f"KeepFast device check: {len(jobs)} jobs in {lanes} lanes, budget {budget_s:.0f} s; "
-            f"{meta['gpu'] or 'no GPU: a CPU rehearsal (' + meta['profile'] + ')'}; "
+            f"{meta['gpu'] or 'no GPU: a CPU rehearsal'}; "
             f"torch {meta['torch']}; work folder {work}")
     for job in jobs:
         log.say(f"  lane {job.lane}: {job.model}/{job.variant} {job.dtype}, about {job.estimate_s:.0f} s, limit "

@@ -6,7 +6,7 @@ transformer_configs.py) are compared as whole-model torch.compile,
 torch.compile of the repeated blocks (diffusers' `compile_repeated_blocks`,
 what KJNodes does) and ours (block graphs, `compiler.blocks`).
 
-Three profiles:
+Four profiles:
 - "full": the real diffusers configs of SD1.5's UNet, SDXL's UNet and the
   SD VAE decoder (random weights), at latent sizes a CPU can sweep; the
   transformers' real configs on a GPU, and on a CPU their real widths with
@@ -14,6 +14,8 @@ Three profiles:
 - "check": the full profile as the device check (`--check`, check.py) runs it
   on a GPU: Flux at full width cut to 1 double and 2 single blocks, and one
   steady shape per model (the first), so every configuration fits a few minutes;
+- "rehearsal": the quick profile's models and sizes with the check's one
+  steady shape: `--check --rehearse`, the check's jobs on a CPU (check.py);
 - "quick": the same block types, attention placement and conditioning sizes
   (768-wide text for SD1.5, 2048-wide text plus the pooled/time embeddings
   for SDXL) at two levels and narrow widths, so a run takes tens of minutes,
@@ -49,7 +51,9 @@ WHOLE_VARIANTS = tuple(v for v in VARIANTS if v not in ("torch_compile_blocks", 
 
 def variants_for(name: str):
     return BLOCK_VARIANTS if name in TRANSFORMERS else WHOLE_VARIANTS
-PROFILES = ("quick", "full", "check")
+PROFILES = ("quick", "full", "check", "rehearsal")
+QUICK_PROFILES = ("quick", "rehearsal")  # the narrow two-level models and a CPU's small sizes
+ONE_STEADY_SHAPE = ("check", "rehearsal")  # the device check times the first steady shape only
 COMFY_MODES = ("none", "torch_compile", "ours_cold", "ours_restart", "ours_fresh")  # comfy_e2e.py's modes
 
 # The real configs (diffusers' config.json of each checkpoint, defaults left out).
@@ -190,7 +194,7 @@ def _profile(kind: str, name: str, known, profile: str, device: str) -> Tuple[bo
         raise ValueError(f"unknown {kind} {name!r}; {kind}s: {', '.join(known)}")
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}")
-    quick = profile == "quick"
+    quick = profile in QUICK_PROFILES
     return quick, device.startswith("cuda") and not quick
 
 
@@ -229,7 +233,7 @@ def spec(name: str, profile: str, device: str = "cpu") -> ModelSpec:
     if quick:
         notes.append("--quick: the real block types and conditioning sizes at two levels and narrow widths "
                      "(changed_from_real_config); per-op overhead weighs more than at real widths")
-    if profile == "check":
+    if profile in ONE_STEADY_SHAPE:
         steady = steady[:1]
     return ModelSpec(name=name, title=title, kind="vae_decoder" if name == "vae" else "unet", config=config,
                      changes=changes, sweep_sizes=sizes, sweep_batches=batches, steady_shapes=steady,
@@ -351,10 +355,10 @@ def transformer_spec(name: str, profile: str, device: str = "cpu") -> Transforme
                      "share it, so cold compiles compare per structure; whole-model torch.compile compiles the cut "
                      "model, not the real depth")
         notes.append("CPU: latents of 16-32 and batches of 1-2, what a 2-core CPU runs at these widths")
-    if profile == "check":
+    if profile in ONE_STEADY_SHAPE:
         steady = steady[:1]
-        if changes:
-            notes.append("--check: the real width with fewer blocks (changed_from_real_config)")
+    if profile == "check" and changes:
+        notes.append("--check: the real width with fewer blocks (changed_from_real_config)")
     return TransformerSpec(name=name, title=TITLES[name], config={**REAL[name], **changes}, changes=changes,
                            sweep_sizes=sizes, sweep_batches=batches, steady_shapes=steady,
                            range_batch=(1, max(batches)), range_spatial=spatial, range_frames=frames,
