@@ -264,6 +264,30 @@ def test_a_window_cuts_the_sweep_and_says_how_far_it_got():
     assert result["sweep_compiles"] == 0 and "vs_eager" not in result  # no comparison unless asked
 
 
+def test_a_job_stopped_during_its_sweep_counts_the_shapes_it_ran_out_of_the_whole_sweep():
+    """The figures a job checkpointed before it was stopped (a CPU rehearsal: '0 (1 of 1)' for a VAE stopped after one
+    sweep shape): the row counts the shapes run out of the sweep's 15."""
+    from compiler.testing.bench import worker
+
+    class Stopped(Exception):
+        pass
+
+    saved = []
+
+    def checkpoint(result):
+        saved.append(json.loads(json.dumps(result, default=str)))
+        if result.get("sweep"):
+            raise Stopped  # as if killed at its limit right after the first sweep shape
+
+    job = {"model": "vae", "variant": "eager", "profile": "rehearsal", "device": "cpu", "dtype": "fp32", "reps": 1}
+    with pytest.raises(Stopped):
+        worker.run_job(job, checkpoint)
+    partial = {**saved[-1], "error": "timed out after 20 s", "partial": True}
+    row = check._row(next(j for j in check.plan(models=["vae"]) if j.variant == "eager"), partial)
+    assert (row["status"], row["sweep_shapes"], row["sweep_of"]) == ("timed out", 1, 15)
+    assert row["first_call_s"] == partial["first_call_s"]
+
+
 def test_the_job_log_takes_each_line_as_it_comes_and_stops_a_job_at_its_limit(tmp_path):
     log = JobLog(tmp_path / "check.log")
     code = log.run("quick-job", [sys.executable, "-c", "print('done'); raise SystemExit(3)"], cwd=str(tmp_path),

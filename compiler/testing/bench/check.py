@@ -194,7 +194,7 @@ def _row(job: CheckJob, result: Optional[Dict[str, Any]]) -> Dict[str, Any]:
         "process_to_first_result_s": result.get("process_to_first_result_s"),
         "sweep_compiles": result.get("sweep_compiles"),
         "sweep_shapes": len(result.get("sweep") or []) if "sweep" in result else 0,
-        "sweep_of": (cut or {}).get("of") or len(result.get("sweep") or []),
+        "sweep_of": (cut or {}).get("of") or result.get("sweep_of") or len(result.get("sweep") or []),
         "sweep_why": (cut or {}).get("why"),
         "steady_shape": steady["shape"] if steady else None,
         "steady_ms": steady["compiled_median_s"] * 1000 if steady else None,

@@ -246,6 +246,7 @@ def run_job(job: Dict[str, Any], checkpoint: Callable[[Dict[str, Any]], None] = 
         result["sweep_cut"] = {"done": 0, "of": len(model.sweep()), "why": job.get("sweep_why", "")}
     else:
         sweep = []
+        result["sweep_of"] = len(model.sweep())  # a job stopped half-way says how much of it it ran
         sweep_started = time.perf_counter()
         for shape in model.sweep():
             if window is not None and sweep and time.perf_counter() - sweep_started > window:
