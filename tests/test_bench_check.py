@@ -132,6 +132,11 @@ def test_the_check_refuses_a_cpu(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
     assert check.run_check(tmp_path / "out", device="cuda", rehearse=True) == 2  # a rehearsal is a CPU's
     assert "--device cpu" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    import torch
+
+    if not torch.cuda.is_available():  # what `bash .ci/gpu_check.sh` says on a machine without a GPU: one line
+        assert check.run_check(tmp_path / "out", device="cuda") == 2
+        assert "CUDA is not available" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
 def test_a_rehearsal_runs_the_same_jobs_with_the_quick_models_and_says_so(tmp_path):
