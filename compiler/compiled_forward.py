@@ -20,34 +20,29 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 import torch
 
-from . import build_claims, build_cores
-from .build_book import Building, book_key
-from .backends import DEFAULT_BACKEND, BackendUnavailable, CompiledGraph, CompileFailed, get_backend
-from .backends.base import (BuildInProcess, BuildLabel, CannotServe, CompileDeferred, GraphMismatch, GuardsUnknown,
-                            PendingGraph, Progress, range_failure)
+from . import build_cores
+from .backends import DEFAULT_BACKEND, CompiledGraph
+from .backends.base import CannotServe, GraphMismatch, Progress
 from .binding import CallBinder, CallDoesNotBind
-from .boundary import Failure, contain, expected_failure, stage
+from .boundary import Failure, contain, stage
 from .flat_module import ForwardFn
+from .graph_supply import GraphSupply
 from .input_casts import CastGraph
-from .keys import FamilyKey, GraphKey
+from .keys import FamilyKey
 from .library import GraphLibrary
-from .probes import corner_targets, reshape_call
-from .quiet import third_party_quiet
-from .registry import COMPILE, FALLBACK, MISMATCH, PROGRESS, GraphRegistry, default_registry
+from .registry import FALLBACK, MISMATCH, GraphRegistry, default_registry
 from .samples import CannotJoin, join_samples, samples_of
-from .shapes import DEFAULT_RANGE, ShapeRange, leaf_bounds
+from .shapes import DEFAULT_RANGE, ShapeRange
 from .signature import FlatCall, RolePolicy, UnsupportedCall
-from .store import GraphRefused, GraphStore, StoreError
+from .store import GraphStore
 from .structure import architecture_name, module_device, module_dtype, structure_hash
 from .verify import Snapshot, judge, retired_reason, snapshot
 
 log = logging.getLogger("keepfast")
-
-RECHECK_S = 1.0  # while another process builds a graph: how often calls look in the store again
 
 
 @dataclass
@@ -120,23 +115,14 @@ class CompiledForward:
         self.binder = binder or CallBinder(self.forward_fn)
         self.label = self.options.label or architecture_name(module)
         self._structure: Optional[Tuple[tuple, str]] = None
-        self._settled: Dict[tuple, Tuple[int, str]] = {}
-        self._compile_failed: Dict[str, str] = {}  # family id -> why; not retried in this process
-        self._declared: Dict[str, set] = {}  # family id -> input shapes a warmup asked graphs for
-        # family id -> the registry's book key of its graph's background build (build_book.py: the build is
-        # the process's, kept while any module of its structure lives, and taken in by whoever calls first)
-        self._building: Dict[str, str] = {}
-        # family id -> (when to look again, why): another process builds its graph for the shared store
-        self._elsewhere: Dict[str, Tuple[float, str]] = {}
-        self._no_cast: set = set()  # family ids whose calls a graph with cast inputs served wrong (input_casts.py)
-        self._blocking = 0  # inside warmup: builds are waited for
+        self.supply = GraphSupply(self)  # where graphs come from: the registry, the library, a build
         self.last: Optional[Served] = None
         self.eager_calls = 0
         self.graph_calls = 0
 
     @property
     def library(self) -> GraphLibrary:
-        return GraphLibrary(self.options.store, self.registry)
+        return self.supply.library
 
     @property
     def last_status(self) -> str:
@@ -190,7 +176,7 @@ class CompiledForward:
         run_eager = lambda: eager(*args, **kwargs)  # noqa: E731
         family: Optional[FamilyKey] = None
         build_cores.share()
-        if self._building:
+        if self.supply.builds.building:
             self.land_builds()
         if eager_reason is not None:
             return self._eager(None, eager_reason, run_eager)
@@ -208,7 +194,7 @@ class CompiledForward:
                 graph, why = self.obtain(family, call, why)
                 if graph is not None:
                     served, why, copies = self._run_existing(family, call, args, kwargs)
-                    if served is None and self._samples(call):
+                    if served is None and self.sample_calls(call):
                         served, why, copies = self._run_each_sample(family, call, args, kwargs)
         except _Retired as retired:
             return self._eager(family, str(retired), run_eager)
@@ -274,7 +260,7 @@ class CompiledForward:
             if verdict is not None and not verdict.ok:
                 if isinstance(graph, CastGraph):  # the model does not cast these inputs as the graph does
                     self.registry.remove(graph.key.id)
-                    self._no_cast.add(family.id)
+                    self.supply.no_cast.add(family.id)
                     why = f"{graph.describe_casts(call.tensor_paths)} disagreed with the model; its own graph is due"
                     continue
                 raise _Retired(retired_reason(graph.key.id, call.tensor_paths, call.shapes, verdict))
@@ -292,10 +278,6 @@ class CompiledForward:
             return Served(output, graph.key.id, graph.origin), None, copies
         return None, why, None
 
-    def _samples(self, call: FlatCall) -> Optional[List[FlatCall]]:
-        """The call as one call per sample where this module takes that (samples_independent), else None."""
-        return samples_of(call) if self.options.samples_independent else None
-
     def _run_each_sample(self, family: FamilyKey, call: FlatCall, args: tuple,
                          kwargs: dict) -> Tuple[Optional[Served], Optional[str], Optional[Snapshot]]:
         """A batch no graph serves whole, served one sample at a time by the graph that serves one (samples.py).
@@ -303,7 +285,7 @@ class CompiledForward:
         The first-use check is keyed by the batch's shapes (each new batch size is compared with eager once);
         a graph retired for one sample's shapes is retired for batches of them too.
         """
-        samples = self._samples(call)
+        samples = self.sample_calls(call)
         with stage("checking the graphs' shape guards"):
             graph, reason = self.registry.find(family, samples[0])
         if graph is None:
@@ -348,385 +330,35 @@ class CompiledForward:
         if self.options.counter:
             self.registry.log.add_time(f"{self.options.counter}.{outcome}", time.perf_counter() - started)
 
-    # -- getting a graph ------------------------------------------------------
+    # -- getting a graph (graph_supply.py; background builds: forward_builds.py) --
+    def sample_calls(self, call: FlatCall) -> Optional[List[FlatCall]]:
+        """The call as one call per sample where this module takes that (samples_independent), else None."""
+        return samples_of(call) if self.options.samples_independent else None
+
     def obtain(self, family: FamilyKey, call: FlatCall, why: Optional[str] = None,
                progress: Optional[Progress] = None) -> Tuple[Optional[CompiledGraph], Optional[str]]:
-        """Load or compile a graph that serves `call`; (None, reason) if there is none.
-
-        For a module whose samples are independent the graph is had for the call's first sample: it serves
-        the call one sample at a time, or whole where its guards accept the batch.
-        """
-        samples = self._samples(call)
-        call = samples[0] if samples else call
-        settled_key = (family.id, tuple(call.shapes))
-        settled = self._settled.get(settled_key)
-        if settled and settled[0] == self.registry.generation:
-            return None, settled[1]
-        with self.registry.family_lock(family):
-            with stage("checking the graphs' shape guards"):
-                graph, why = self.registry.find(family, call)
-            if graph is not None:
-                return graph, None
-            elsewhere = self._elsewhere.get(family.id)
-            if elsewhere is not None and not self._blocking and time.monotonic() < elsewhere[0]:
-                return None, f"not compiled now: {elsewhere[1]}"
-            with stage("loading a stored graph"):
-                graph, reason = self._load(family, call)
-            if graph is None and family.id not in self._no_cast:
-                with stage("looking for a graph that takes this call with its inputs cast"):
-                    graph = self.library.cast_sibling(family, call, self.label)
-                if graph is not None:
-                    note = (f"served by {graph.describe_casts(call.tensor_paths)}, as the model casts them itself "
-                            "(the first call of each size is compared with the model's own output)")
-                    log.info("%s: %s", self.label, note)
-                    self.registry.record(PROGRESS, family, f"{self.label}: {note}", detail={"fraction": 1.0})
-            if graph is None:
-                try:
-                    graph, reason = self._compile_for(family, call, reason or why, progress)
-                except CompileDeferred as deferred:  # not settled: a later call may find room for it
-                    return None, f"not compiled now: {deferred}"
-        if graph is None:
-            self._settled[settled_key] = (self.registry.generation, reason)
-        return graph, reason
-
-    def _load(self, family: FamilyKey, call: FlatCall) -> Tuple[Optional[CompiledGraph], Optional[str]]:
-        library = self.library
-        stored, why = library.lookup(family, call)
-        if stored is None:
-            return None, why
-        try:
-            return library.load(stored, family, self.label), None
-        except GraphRefused as error:
-            return None, str(error)
-
-    def _compile_for(self, family, call, why, progress) -> Tuple[Optional[CompiledGraph], Optional[str]]:
-        """(graph, None) or (None, why not); a backend's CompileDeferred passes through."""
-        options = self.options
-        if not options.compile_on_miss:
-            return None, (why or "no stored graph serves this input") + "; compiling is off"
-        bounds = leaf_bounds(call.shapes, [t.dims for t in call.signature.tensors], options.shape_range)
-        outside = range_failure(call.shapes, bounds, call.tensor_paths)
-        if outside:
-            return None, f"{outside} (declared range: {options.shape_range.describe()})"
-        try:
-            backend = get_backend(options.backend)
-        except BackendUnavailable as error:
-            return None, str(error)
-        if family.id in self._compile_failed:
-            return None, self._compile_failed[family.id] + " (not retried)"
-        existing = self.registry.family_graphs(family)
-        if len(existing) >= self._graph_limit(backend, family):
-            return None, (f"{len(existing)} graphs already built for this input structure and none serves "
-                          f"it ({why}); not compiling more")
-        if existing:
-            reason = f"no graph serves this input ({why})"
-        elif why:
-            reason = why
-        else:
-            reason = "first call for this model, dtype and input structure"
-        graph, why = self._from_the_book(family, call, wait=self._blocking > 0 or not options.background)
-        if graph is not None or why is not None:
-            return graph, why
-        claim, graph = self._claim(family, call, progress)
-        if graph is not None:
-            return graph, None
-        if options.background and not self._blocking:
-            return self._build_in_background(backend, family, call, reason, claim)
-        try:
-            graph, error = self._compile(backend, family, call, reason, progress)
-            if graph is None:
-                self._compile_failed[family.id] = error
-                return None, error
-            if options.cover_range and not backend.static_shapes:
-                self._cover(backend, family, call, progress)
-            return graph, None
-        finally:
-            build_claims.release(claim)
-
-    # -- claims on a shared graphs folder (build_claims.py) --------------------
-    def _claim(self, family: FamilyKey, call: FlatCall,
-               progress: Optional[Progress]) -> Tuple[Optional[build_claims.Claim], Optional[CompiledGraph]]:
-        """Claim the family's build in the store this graph will be written to: (claim or None, None), or
-        (None, graph) when another process's build of it was waited for and is now in the store.
-
-        Background builds do not wait: CompileDeferred, and the call runs eager with the holder named; the
-        store is looked at again from the call RECHECK_S later on. Nothing is claimed when the graph will
-        not be written (no store, or autosave off): nobody else could load it."""
-        store = self.options.store
-        if store is None or not self.options.autosave:
-            return None, None
-        path = store.claim_path(family)
-        if self.options.background and not self._blocking:
-            result = build_claims.try_claim(path)
-            if isinstance(result, build_claims.Taken):
-                reason = result.reason()
-                if family.id not in self._elsewhere:
-                    log.info("%s: %s", self.label, reason)
-                self._elsewhere[family.id] = (time.monotonic() + RECHECK_S, reason)
-                raise CompileDeferred(reason)
-            self._elsewhere.pop(family.id, None)
-            return result, None
-
-        def waiting(taken: build_claims.Taken) -> None:
-            log.info("%s: waiting: %s", self.label, taken.reason())
-            self.registry.record(PROGRESS, family, f"{self.label}: waiting: {taken.reason()}",
-                                 detail={"fraction": 0.0})
-            if progress:
-                progress(f"waiting for {taken.holder.describe()}, which builds this graph", 0.0)
-
-        waited = []
-        result = build_claims.claim_or_wait(path, on_wait=lambda taken: (waited.append(taken), waiting(taken)))
-        if waited:
-            graph, _ = self._load(family, call)
-            if graph is not None:
-                build_claims.release(result)
-                return None, graph
-        if isinstance(result, build_claims.Taken):
-            log.warning("%s: still %s after %.0f s; building it here too", self.label,
-                        result.reason(), build_claims.wait_seconds())
-            return None, None
-        return result, None
-
-    # -- background builds ---------------------------------------------------
-    def _build_in_background(self, backend, family: FamilyKey, call: FlatCall, reason: str,
-                             claim: Optional[build_claims.Claim] = None):
-        """Start the family's build in a child process and run this call eager (CompileDeferred: not settled,
-        a later call finds the graph once it lands). A backend that cannot build off the caller's process
-        compiles now, as without the option."""
-        key = GraphKey(family, self.options.shape_range)
-        log.info("%s: building in the background (%s)", self.label, reason)
-        try:
-            with third_party_quiet():
-                pending = backend.start_compile(self.module, self.forward_fn, call, key, BuildLabel(
-                    owner=self.label, what=self.label, family=family.id, owner_id=self._owner_id))
-        except (BackendUnavailable, BuildInProcess) as why:
-            log.info("%s: building in this process: %s", self.label, why)
-            try:
-                graph, error = self._compile(backend, family, call, reason, None)
-            finally:
-                build_claims.release(claim)
-            if graph is None:
-                self._compile_failed[family.id] = error
-            return graph, error
-        except Exception as error:  # noqa: BLE001 - tracing failed: as a failed compile
-            build_claims.release(claim)
-            failure = f"compile failed: {error}" if isinstance(error, CompileFailed) else \
-                f"compile failed: {type(error).__name__}: {error}"
-            self._compile_failed[family.id] = failure
-            return None, failure
-        key = self._book_key(family)
-        self.registry.builds.add(key, Building(pending, family, call, reason, claim, self._owner_id), self.module)
-        self._building[family.id] = key
-        self.registry.record(PROGRESS, family, f"{self.label}: building in the background ({reason})",
-                             detail={"fraction": 0.0, "background": True})
-        raise CompileDeferred("its graph is building in the background; this call runs eager")
-
-    @property
-    def _owner_id(self) -> str:
-        return f"{self.label}@{id(self):x}"
-
-    def _book_key(self, family: FamilyKey) -> str:
-        return book_key(family, self.options.shape_range)
-
-    def _from_the_book(self, family: FamilyKey, call: FlatCall,
-                       wait: bool) -> Tuple[Optional[CompiledGraph], Optional[str]]:
-        """A background build of this family's graph that the process already has (started by this wrapper or by
-        another one of a module of this structure: build_book.py): its graph once taken in (at once when it has
-        finished; waited for when `wait`), CompileDeferred (the call runs eager) while it builds, or (None, its
-        failure); (None, None) when there is none."""
-        key = self._book_key(family)
-        book = self.registry.builds
-        failure = book.failure(key)
-        if failure is not None:
-            return None, failure + " (not retried)"
-        building = book.adopt(key, self.module)
-        if building is None:
-            return None, None
-        if family.id not in self._building:
-            self._building[family.id] = key
-            if building.started_by != self._owner_id:
-                log.info("%s: adopting the background build of its graph started earlier (%.0f s so far)",
-                         self.label, building.pending.seconds)
-                self.registry.record(PROGRESS, family, f"{self.label}: adopted the background build of its graph, "
-                                     f"started earlier for this model ({building.pending.seconds:.0f} s so far)",
-                                     detail={"fraction": 0.0, "background": True, "adopted": True})
-        if wait or building.pending.done():
-            self.wait_for_builds()
-            graph, _ = self.registry.find(family, call)
-            if graph is not None:
-                return graph, None
-            failure = self._compile_failed.get(family.id)
-            return (None, failure) if failure else (None, None)  # it landed and does not serve this call
-        raise CompileDeferred(f"its graph is building in the background ({building.pending.seconds:.0f} s so far)")
-
-    def land_builds(self) -> int:
-        """Take in the background builds of this wrapper's families that finished (whoever started them): their
-        graphs serve calls from now on (the first-use check applies to each). A failed build leaves its inputs
-        eager with the reason, here and for every other wrapper. Returns how many landed."""
-        landed = 0
-        book = self.registry.builds
-        for family_id, key in list(self._building.items()):
-            if book.get(key) is None:  # taken in by another wrapper, or cancelled
-                del self._building[family_id]
-                failure = book.failure(key)
-                if failure is not None:
-                    self._compile_failed[family_id] = failure
-                continue
-            building = book.take(key)
-            if building is None:  # still building
-                continue
-            del self._building[family_id]
-            family = building.family
-            try:
-                try:
-                    with stage("taking in a graph built in the background"), third_party_quiet():
-                        graph = building.pending.finish(self.module)
-                except Exception as error:  # noqa: BLE001 - the boundary: a failed build costs speed only
-                    error = expected_failure(error)
-                    why = f"compile failed: {error}" if isinstance(error, CompileFailed) else \
-                        f"compile failed: {type(error).__name__}: {error}"
-                    self._compile_failed[family_id] = why
-                    book.fail(key, why)
-                    log.warning("%s: the background build failed: %s", self.label, why)
-                    continue
-                self.registry.add(graph)
-                self.registry.note_signature(family.signature, building.call.signature.to_json())
-                whose = "" if building.started_by == self._owner_id else ", started earlier for this model"
-                self.registry.record(COMPILE, family, f"{self.label}: {building.reason} (built in the background"
-                                     f"{whose})", seconds=building.pending.seconds, graph_id=graph.key.id,
-                                     detail={"shapes": [list(s) for s in building.call.shapes], "background": True,
-                                             "adopted": bool(whose), **building.pending.usage,
-                                             **getattr(graph, "build_usage", {})})
-                if self.options.autosave and self.options.store is not None and graph.persistent:
-                    self.save_graph(graph, building.call)
-            finally:  # written (or failed): others sharing the store may look now
-                build_claims.release(building.claim)
-            landed += 1
-        return landed
-
-    def wait_for_builds(self, timeout: Optional[float] = None) -> int:
-        """Wait until every background build of this wrapper's families has finished (or `timeout` s passed),
-        then land them."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        book = self.registry.builds
-
-        def running() -> bool:
-            return any((b := book.get(key)) is not None and not b.pending.done() for key in self._building.values())
-
-        while running():
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        return self.land_builds()
-
-    def cancel_builds(self) -> int:
-        """Stop every background build of this wrapper's families (stopping the workflow); returns how many."""
-        keys, self._building = list(self._building.values()), {}
-        return sum(self.registry.builds.cancel(key) for key in keys)
-
-    @property
-    def builds_pending(self) -> int:
-        book = self.registry.builds
-        return sum(1 for key in self._building.values() if book.get(key) is not None)
-
-    def _graph_limit(self, backend, family: FamilyKey) -> int:
-        """Graphs one family may hold: the backend's bound, or as many shapes as warmups declared.
-
-        A static-shape backend (oneflow) needs a graph per shape: a user who
-        warms up 5 resolutions x 3 batch sizes asked for 15 graphs, and every one
-        of those sizes must be served afterwards.
-        """
-        return max(backend.max_graphs_per_family, len(self._declared.get(family.id, ())))
-
-    def _compile(self, backend, family, call, reason, progress) -> Tuple[Optional[CompiledGraph], Optional[str]]:
-        """(graph, None) or (None, why it failed); CompileDeferred (try again later) is raised.
-
-        Any exception out of the backend is a failed compile, with its type and
-        message as the reason: a bug in export or AOTInductor costs speed only.
-        """
-        key = GraphKey(family, self.options.shape_range)
-        label = self.label
-
-        def report(stage: str, fraction: float) -> None:
-            self.registry.record(PROGRESS, family, f"{label}: {stage}", detail={"fraction": fraction})
-            if progress:
-                progress(stage, fraction)
-
-        log.info("%s: compiling (%s)", label, reason)
-        started = time.perf_counter()
-        try:
-            with third_party_quiet():  # the notices torch prints while it compiles are not the user's business
-                graph = backend.compile(self.module, self.forward_fn, call, key, report)
-        except CompileDeferred as error:
-            log.warning("%s: not compiled now: %s", label, error)
-            raise
-        except (CompileFailed, BackendUnavailable) as error:
-            log.warning("%s: compile failed: %s", label, error)
-            return None, f"compile failed: {error}"
-        except Exception as error:  # noqa: BLE001 - the boundary: anything the compiler raises
-            log.warning("%s: compile failed unexpectedly: %s: %s", label, type(error).__name__, error)
-            log.debug("%s: traceback of the failed compile", label, exc_info=True)
-            return None, f"compile failed: {type(error).__name__}: {error}"
-        seconds = time.perf_counter() - started
-        self.registry.add(graph)
-        self.registry.note_signature(family.signature, call.signature.to_json())
-        self.registry.record(COMPILE, family, f"{label}: {reason}", seconds=seconds, graph_id=graph.key.id,
-                             detail={"shapes": [list(s) for s in call.shapes], **getattr(graph, "build_usage", {})})
-        report("compiled", 1.0)
-        if self.options.autosave and self.options.store is not None and graph.persistent:
-            self.save_graph(graph, call)
-        return graph, None
-
-    def _cover(self, backend, family, call, progress) -> None:
-        """Compile now for the range corners no graph serves, not in a later run.
-
-        Whether a graph serves a corner is read from its guards, never by running
-        it there (see CompiledGraph.guard_failure).
-        """
-        shape_range = self.options.shape_range
-        if self.options.samples_independent:  # batches are served by the graphs of one sample
-            shape_range = replace(shape_range, batch=(shape_range.batch[0], shape_range.batch[0]))
-        for batch, height, width in corner_targets(shape_range):
-            probe = reshape_call(call, batch, height, width)
-            if probe is None:
-                continue
-            try:
-                with stage("checking the range corners' guards"):
-                    why = self._guard_failure(family, probe)
-            except GuardsUnknown as unknown:
-                log.info("%s: range corners are compiled when first used: %s", self.label, unknown)
-                return
-            except Failure as failure:  # the corners then compile when first used
-                log.warning("%s: %s", self.label, failure)
-                return
-            if why is None:
-                continue
-            if len(self.registry.family_graphs(family)) >= self._graph_limit(backend, family):
-                return
-            reason = f"range corner batch {batch}, latent {height}x{width} is not served ({why})"
-            try:
-                self._compile(backend, family, probe, reason, progress)
-            except CompileDeferred:  # no room now: the corner compiles when first used
-                return
-
-    def _guard_failure(self, family: FamilyKey, call: FlatCall) -> Optional[str]:
-        """None if a graph of the family serves the call, else why the first one does not."""
-        why = None
-        for graph in self.registry.family_graphs(family):
-            failure = graph.guard_failure(self.module, call)
-            if failure is None:
-                return None
-            why = why or failure
-        return why or "no graph of this family"
+        """Load or compile a graph that serves `call`; (None, reason) if there is none (GraphSupply.obtain)."""
+        return self.supply.obtain(family, call, why, progress)
 
     def save_graph(self, graph: CompiledGraph, call: Optional[FlatCall] = None) -> Optional[str]:
         """Write a graph into the store; returns the error message if it could not be."""
-        signature = call.signature.to_json() if call is not None else {}
-        try:
-            self.library.save(graph, signature, self.label)
-        except StoreError as error:
-            return str(error)
-        return None
+        return self.supply.save_graph(graph, call)
+
+    def land_builds(self) -> int:
+        """Take in the finished background builds of this wrapper's families; returns how many landed."""
+        return self.supply.builds.land()
+
+    def wait_for_builds(self, timeout: Optional[float] = None) -> int:
+        """Wait for this wrapper's background builds (or `timeout` s), then land them."""
+        return self.supply.builds.wait(timeout)
+
+    def cancel_builds(self) -> int:
+        """Stop every background build of this wrapper's families (stopping the workflow); returns how many."""
+        return self.supply.builds.cancel()
+
+    @property
+    def builds_pending(self) -> int:
+        return self.supply.builds.pending
 
     # -- ahead of time --------------------------------------------------------
     def start_builds(self, calls: Iterable[Tuple[tuple, dict]]) -> int:
@@ -739,11 +371,12 @@ class CompiledForward:
             try:
                 call = self.flatten(args, kwargs)
                 family = self.family_for(call)
-                if self.registry.find(family, call)[0] is not None or family.id in self._building:
+                building = self.supply.builds.building
+                if self.registry.find(family, call)[0] is not None or family.id in building:
                     continue
-                before = len(self._building)
+                before = len(building)
                 self.obtain(family, call, "a state the declared range meets, built ahead")
-                started += len(self._building) - before
+                started += len(self.supply.builds.building) - before
             except Exception as error:  # noqa: BLE001 - ahead of time only: the call itself tries again
                 log.info("%s: not built ahead: %s", self.label, error)
         return started
@@ -753,12 +386,12 @@ class CompiledForward:
 
         Never raises for a graph that cannot be had: the result says why.
         """
-        self._blocking += 1
+        self.supply.blocking += 1
         try:
             self.wait_for_builds()  # a build already started for these inputs lands first
             return self._warmup(calls, progress)
         finally:
-            self._blocking -= 1
+            self.supply.blocking -= 1
 
     def _warmup(self, calls, progress) -> List[Served]:
         results = []
@@ -771,7 +404,7 @@ class CompiledForward:
                 flat.append((None, str(error)))
         for call, _ in flat:
             if call is not None:
-                self._declared.setdefault(self.family_for(call).id, set()).add(tuple(map(tuple, call.shapes)))
+                self.supply.declared.setdefault(self.family_for(call).id, set()).add(tuple(map(tuple, call.shapes)))
         for call, problem in flat:
             if call is None:
                 results.append(Served(None, reason=problem))
@@ -792,7 +425,7 @@ class CompiledForward:
         if graph is None:
             return Served(None, reason=why or "no graph")
         if not getattr(graph, "ready", True):
-            samples = self._samples(call)
+            samples = self.sample_calls(call)
             with stage(f"running graph {graph.key.id}"):
                 graph.run(self.module, samples[0] if samples else call)  # backends that build on first run
         return Served(None, graph.key.id, graph.origin)

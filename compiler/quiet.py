@@ -17,7 +17,7 @@ shows). Each entry matches one message, never a whole category or logger:
 
 `warnings.catch_warnings` swaps the process's warning filters, and leaving it
 makes Python forget which warnings it already showed once: scope it around a
-whole command or a compile (the nodes get it there: `CompiledForward._compile`
+whole command or a compile (the nodes get it there: `GraphSupply.compile`
 and the block export), never around each call of a model.
 """
 

@@ -17,7 +17,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .atomic import TEMP_PREFIX, sha256_bytes, sha256_file, write_bytes
 from .backends import get_backend
@@ -29,6 +29,9 @@ from .machine_fit import CannotRunHere
 from .manifest import MANIFEST_SUFFIX, Manifest, ManifestError
 from .signature import FlatCall
 from .trust import TrustList
+
+if TYPE_CHECKING:
+    from .input_casts import Casts
 
 _SAFE_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
@@ -180,7 +183,7 @@ class GraphStore:
                 return StoredGraph(manifest, path), notes
         return None, notes
 
-    def siblings(self, family: FamilyKey, call: FlatCall) -> List[Tuple[StoredGraph, "Casts"]]:
+    def siblings(self, family: FamilyKey, call: FlatCall) -> List[Tuple[StoredGraph, Casts]]:
         """Stored graphs of the same model, dtype, device and backend that serve `call` with some of its floating
         inputs cast to other dtypes (input_casts.py), with those casts."""
         from .input_casts import cast_plan, same_but_signature
@@ -370,7 +373,7 @@ class MultiRootStore(GraphStore):
             notes += more
         return found, notes
 
-    def siblings(self, family: FamilyKey, call: FlatCall) -> List[Tuple[StoredGraph, "Casts"]]:
+    def siblings(self, family: FamilyKey, call: FlatCall) -> List[Tuple[StoredGraph, Casts]]:
         return [found for store in self.stores for found in GraphStore.siblings(store, family, call)]
 
     def store_for(self, path: Path) -> Tuple[GraphStore, str]:

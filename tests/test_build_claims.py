@@ -22,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 from compiler import CompileOptions, build_claims

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from compiler import CompileOptions
 from compiler.backends import package_builds

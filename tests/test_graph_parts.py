@@ -19,9 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from compiler import CompileOptions, GraphStore
+from compiler import CompileOptions
 from compiler.backends import program_split
 from compiler.backends.program_split import CannotSplit, Wiring
 from compiler.diffusers_api import compile_module

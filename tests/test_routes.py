@@ -9,7 +9,6 @@ the session's compiled graphs for one listing of real ones.
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 from pathlib import Path
 from typing import Any, Optional

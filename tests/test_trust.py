@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from compiler import GraphRefused, GraphStore, TrustList
+from compiler import GraphRefused, GraphStore
 from compiler.atomic import remove_stale_temps, sha256_bytes
 from compiler.backends.aot import AotBackend
 from compiler.bundle import export_bundle, import_bundle, read_bundle
 from compiler.cli import main as cli_main
-from compiler.keys import FamilyKey, GraphKey
-from compiler.manifest import Manifest
+from compiler.keys import GraphKey
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -373,15 +373,16 @@ class BlockEngine:
     def wait_for_builds(self) -> int:
         """Wait for every background build and take it in; returns how many block structures now serve."""
         return sum(1 for server in self.servers
-                   if (server.pending is not None or server.elsewhere is not None) and server.wait())
+                   if (server.source.pending is not None or server.source.elsewhere is not None)
+                   and server.source.wait())
 
     def cancel_builds(self) -> int:
         """Stop every background build (the blocks stay eager with that reason); returns how many."""
-        return sum(1 for server in self.servers if server.cancel())
+        return sum(1 for server in self.servers if server.source.cancel())
 
     @property
     def builds_pending(self) -> int:
-        return sum(1 for server in self.servers if server.pending is not None)
+        return sum(1 for server in self.servers if server.source.pending is not None)
 
     def save(self, store: GraphStore) -> Tuple[List[str], List[str]]:
         """Prepare if needed, then write every block graph into `store`: (saved, problems)."""

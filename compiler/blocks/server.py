@@ -24,21 +24,19 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.utils._pytree as pytree
 
-from .. import build_claims, build_cores
-from ..backends import BackendUnavailable, get_backend
-from ..backends.base import BuildInProcess, BuildLabel, CompiledGraph, CompileFailed
+from .. import build_cores
+from ..backends.base import CompiledGraph
 from ..binding import CallBinder
-from ..boundary import Failure, contain, expected_failure, stage
+from ..boundary import Failure, contain, stage
 from ..environment import dtype_name
 from ..keys import FamilyKey, GraphKey
-from ..quiet import third_party_quiet
-from ..registry import COMPILE, FALLBACK, LOAD, MISMATCH, PROGRESS, REFUSED
+from ..registry import FALLBACK, MISMATCH, REFUSED
 from ..signature import FlatCall, UnsupportedCall
-from ..store import GraphRefused, StoreError
+from ..store import StoreError
 from ..verify import Snapshot, compare, judge, retired_reason, snapshot
 from . import tokens as T
 from .binding import InstanceWeights, SharedRunner
-from .export import BlockBuild, package_block
+from .graph_source import BlockGraphSource
 from .finder import BlockGroup
 
 log = logging.getLogger("keepfast")
@@ -107,10 +105,6 @@ class BlockInstance:
                 del self.module.forward
 
 
-BUILDING = "its graph is building in the background"
-RECHECK_S = 1.0  # while another process builds a block graph: how often its calls look in the store again
-
-
 class BlockServer:
     """Every instance of one block structure, served from one graph."""
 
@@ -126,18 +120,15 @@ class BlockServer:
         self.reset()
 
     def reset(self) -> None:
-        if getattr(self, "pending", None) is not None:
-            self.pending.cancel()
-        build_claims.release(getattr(self, "claim", None))
-        self.claim: Optional[build_claims.Claim] = None  # held while this process builds the graph for the store
-        self.elsewhere = None  # (call, bounds, key, when to look again) while another process builds it
+        if getattr(self, "source", None) is not None:
+            self.source.stop()
+        self.source = BlockGraphSource(self)  # finds, loads or builds the graph (a build in flight is its)
         self.graph: Optional[CompiledGraph] = None
         self.runner: Optional[SharedRunner] = None
         self.family: Optional[FamilyKey] = None
         self.call_template: Optional[FlatCall] = None
         self.roles: T.RoleMap = {}
         self.reason: Optional[str] = "not prepared yet"
-        self.pending = None  # export.BlockBuild: the graph building in the background
         self.origin = ""
         self.compile_s = 0.0
         self.notes: List[str] = []
@@ -177,8 +168,8 @@ class BlockServer:
             log.exception("%s: preparing the block graph failed", self.label)
             self.reason = f"preparing its graph failed: {type(error).__name__}: {error}"
         finally:
-            if self.pending is None:  # built and written here, or not built here: others may look now
-                self._release_claim()
+            if self.source.pending is None:  # built and written here, or not built here: others may look now
+                self.source.release_claim()
         if self.reason is not None:
             self.graph = None
             self.record_fallback(self.reason)
@@ -213,12 +204,12 @@ class BlockServer:
         for (lo, hi), size in ((bound, call.shapes[i][d]) for i, leaf in enumerate(bounds) for d, bound in leaf.items()):
             if not lo <= size <= hi:
                 return f"the probe size {size} is outside its declared range {lo}-{hi}"
-        graph, why = self._obtain(call, bounds, GraphKey(self.family, block_range), progress)
+        graph, why = self.source.obtain(call, bounds, GraphKey(self.family, block_range), progress)
         if graph is None:
             return why
-        return self._adopt(graph, call)
+        return self.adopt(graph, call)
 
-    def _adopt(self, graph: CompiledGraph, call: FlatCall) -> Optional[str]:
+    def adopt(self, graph: CompiledGraph, call: FlatCall) -> Optional[str]:
         """Serve from `graph` (None), or why it cannot serve the call it was built from."""
         failure = graph.why_not(call)
         if failure is not None:
@@ -237,259 +228,7 @@ class BlockServer:
                 self.notes.append(problem)
         return None
 
-    def _obtain(self, call: FlatCall, bounds, key: GraphKey, progress) -> Tuple[Optional[CompiledGraph], Optional[str]]:
-        registry = self.engine.registry
-        options = self.engine.options
-        family = key.family
-        with registry.family_lock(family):
-            for graph in registry.family_graphs(family):
-                # a graph built for a narrower range would leave part of this one eager
-                if graph.key.shape_range.covers(key.shape_range) and graph.why_not(call) is None:
-                    registry.count_hit()
-                    self.origin = graph.origin
-                    return graph, None
-            graph, why = self._load(family, call, key)
-            if graph is not None:
-                return graph, None
-            if not options.compile_on_miss:
-                return None, (why or "no stored graph serves this block") + "; compiling is off"
-            known = self.engine.compile_failures.get(family.id)
-            if known:
-                return None, known + " (not retried)"
-            try:
-                backend = get_backend(options.backend)
-            except BackendUnavailable as error:
-                return None, str(error)
-            if not backend.persistent or options.backend != "aot":
-                return None, f"block graphs are built with the aot backend, not {options.backend}"
-            refused = self.engine.family.why_not_compiled(self.group.modules[0])
-            if refused:
-                self.engine.compile_failures[family.id] = f"not compiled: {refused}"
-                return None, f"not compiled: {refused}"
-            graph, elsewhere = self._claim(family, call, key, progress)
-            if graph is not None:
-                return graph, None
-            if elsewhere is not None:
-                self.elsewhere = (call, bounds, key, time.monotonic() + RECHECK_S)
-                return None, elsewhere
-            if options.background and not self.engine.ahead_of_time:
-                building = self._build_in_background(call, bounds, key)
-                if building is not None:
-                    return None, building
-            started = time.perf_counter()
-            try:
-                graph, notes = self.engine.exporter(
-                    self.group.modules[0], call, bounds, key, progress,
-                    check_unit_sizes=lambda candidate, units: self._check_unit_sizes(candidate, units, call),
-                    forward=self.engine.family.block_forward, tracing=self.engine.family.tracing)
-            except Exception as error:  # whatever export or AOTInductor raises: this block runs eager
-                text = str(error) if isinstance(error, CompileFailed) else f"{type(error).__name__}: {error}"
-                reason = f"compile failed: {text}"
-                self.engine.compile_failures[family.id] = reason
-                log.warning("%s: %s", self.label, reason)
-                return None, reason
-            self.compile_s = time.perf_counter() - started
-            self.notes.extend(notes)
-            registry.add(graph)
-            registry.record(COMPILE, family, f"{self.label}: first call for this block structure and input structure",
-                            seconds=self.compile_s, graph_id=graph.key.id,
-                            detail={"block": self.group.class_name, "instances": len(self.instances),
-                                    "shapes": [list(s) for s in call.shapes], "parameters": self.group.parameter_count()})
-            self.origin = "compiled"
-            return graph, None
-
-    # -- claims on a shared graphs folder (compiler/build_claims.py) --------
-    def _claim(self, family: FamilyKey, call: FlatCall, key: GraphKey,
-               progress) -> Tuple[Optional[CompiledGraph], Optional[str]]:
-        """Claim the structure's build in the store its graph will be written to (`self.claim`): (None, None)
-        to build here; (graph, None) when another process's build was waited for and is now in the store;
-        (None, why) in background mode while another process holds the claim (its instances run eager).
-        Nothing is claimed when the graph will not be written (no store, or autosave off)."""
-        options = self.engine.options
-        if options.store is None or not options.autosave:
-            return None, None
-        path = options.store.claim_path(family)
-        if options.background and not self.engine.ahead_of_time:
-            result = build_claims.try_claim(path)
-            if isinstance(result, build_claims.Taken):
-                log.info("%s: %s", self.label, result.reason())
-                return None, result.reason()
-            self.claim = result
-            return None, None
-        waited = []
-
-        def waiting(taken: build_claims.Taken) -> None:
-            waited.append(taken)
-            log.info("%s: waiting: %s", self.label, taken.reason())
-            progress(f"waiting for {taken.holder.describe()}, which builds this graph", 0.0)
-
-        result = build_claims.claim_or_wait(path, on_wait=waiting)
-        if waited:
-            graph, _ = self._load(family, call, key)
-            if graph is not None:
-                build_claims.release(result)
-                return graph, None
-        if isinstance(result, build_claims.Taken):
-            log.warning("%s: still %s after %.0f s; building it here too", self.label, result.reason(),
-                        build_claims.wait_seconds())
-            return None, None
-        self.claim = result
-        return None, None
-
-    def _release_claim(self) -> None:
-        claim, self.claim = self.claim, None
-        build_claims.release(claim)
-
-    def look_again(self, wait: bool = False) -> bool:
-        """While another process builds this structure's graph: look in the store again (at most once per
-        RECHECK_S unless `wait`), loading the graph once it is there, or claiming and building it here
-        when the other build ended without one. True when the block now serves from a graph."""
-        elsewhere = self.elsewhere
-        if elsewhere is None:
-            return self.ready
-        call, bounds, key, due = elsewhere
-        if not wait and time.monotonic() < due:
-            return False
-        self.elsewhere = None
-        engine = self.engine
-        ahead = engine.ahead_of_time
-        engine.ahead_of_time = ahead or wait  # waiting: block on the claim, build here if needed
-        try:
-            graph, why = self._obtain(call, bounds, key, lambda *_: None)
-            self.reason = why if graph is None else self._adopt(graph, call)
-        except Exception as error:  # noqa: BLE001 - the block stays eager with the reason
-            self.reason = f"preparing its graph failed: {type(error).__name__}: {error}"
-        finally:
-            engine.ahead_of_time = ahead
-            if self.pending is None:
-                self._release_claim()
-        if self.reason is not None:
-            self.graph = None
-            self.record_fallback(self.reason)
-        return self.reason is None
-
-    # -- background builds (docs/background.md) -----------------------------
-    def _build_in_background(self, call: FlatCall, bounds, key: GraphKey) -> Optional[str]:
-        """Trace the block now, build its package in a child process: the reason its instances run eager
-        meanwhile, or None where it must be built in this process (`BuildInProcess`, logged)."""
-        family = key.family
-        try:
-            with third_party_quiet():
-                self.pending = BlockBuild(self.group.modules[0], call, bounds, key,
-                                          BuildLabel(owner=self.engine.label, what=f"block {self.group.class_name}",
-                                                     family=family.id, owner_id=f"{self.engine.label}@{id(self.engine):x}"),
-                                          forward=self.engine.family.block_forward, tracing=self.engine.family.tracing)
-        except BuildInProcess as why:
-            log.info("%s: building in this process: %s", self.label, why)
-            return None
-        except Exception as error:  # whatever export raises: this block runs eager
-            text = str(error) if isinstance(error, CompileFailed) else f"{type(error).__name__}: {error}"
-            reason = f"compile failed: {text}"
-            self.engine.compile_failures[family.id] = reason
-            return reason
-        self.engine.builds.append(self.pending.build.cancel)
-        self.engine.registry.record(PROGRESS, family, f"{self.label}: building in the background",
-                                    detail={"fraction": 0.0, "background": True, "block": self.group.class_name})
-        return BUILDING
-
-    def land(self) -> bool:
-        """Take in the background build if it finished: True when the block now serves from its graph.
-
-        The graph is checked as a build in this process is (sizes of 1 against eager), recorded as a compile
-        "built in the background", and its first call at new shapes gets the first-use check. A failed build
-        leaves the block eager with the reason."""
-        pending = self.pending
-        if pending is None or not pending.done():
-            return False
-        self.pending = None
-        engine, family, call = self.engine, self.family, pending.traced.call
-        try:
-            with stage("taking in a block graph built in the background"), third_party_quiet():
-                graph, notes = package_block(pending.traced, pending.package(), check_unit_sizes=lambda candidate,
-                                             units: self._check_unit_sizes(candidate, units, call))
-        except Exception as error:  # noqa: BLE001 - a failed build costs speed only
-            error = expected_failure(error)
-            text = str(error) if isinstance(error, CompileFailed) else f"{type(error).__name__}: {error}"
-            self.reason = engine.compile_failures[family.id] = f"compile failed: {text}"
-            log.warning("%s: the background build failed: %s", self.label, self.reason)
-            self._release_claim()
-            return False
-        self.compile_s = pending.seconds
-        self.notes.extend(notes)
-        engine.registry.add(graph)
-        try:
-            self._land_graph(graph, call, pending)
-        finally:  # written (or not): others sharing the store may look now
-            self._release_claim()
-        return self.reason is None
-
-    def _land_graph(self, graph: CompiledGraph, call: FlatCall, pending) -> None:
-        engine, family = self.engine, self.family
-        engine.registry.record(COMPILE, family, f"{self.label}: first call for this block structure and input "
-                               "structure (built in the background)", seconds=self.compile_s, graph_id=graph.key.id,
-                               detail={"block": self.group.class_name, "instances": len(self.instances),
-                                       "shapes": [list(s) for s in call.shapes], "background": True,
-                                       "parameters": self.group.parameter_count(), **pending.build.usage})
-        self.origin = "compiled"
-        self.reason = self._adopt(graph, call)
-        if self.reason is not None:
-            self.graph = None
-            self.record_fallback(self.reason)
-
-    def wait(self) -> bool:
-        """Wait for the background build (or another process's), then take it in (Save Graph and warmup
-        wait for their graphs)."""
-        if self.elsewhere is not None:
-            with self.lock:
-                self.look_again(wait=True)
-        if self.pending is None:
-            return self.ready
-        self.pending.wait()
-        with self.lock:
-            return self.land()
-
-    def cancel(self) -> bool:
-        """Stop the background build, if one runs; the block stays eager with that reason."""
-        pending, self.pending = self.pending, None
-        if pending is None:
-            return False
-        pending.cancel()
-        self._release_claim()
-        self.reason = "its background build was cancelled"
-        return True
-
-    def _load(self, family: FamilyKey, call: FlatCall, key: GraphKey) -> Tuple[Optional[CompiledGraph], Optional[str]]:
-        store = self.engine.options.store
-        if store is None:
-            return None, None
-        registry = self.engine.registry
-        try:
-            stored, notes = store.lookup(family, call)
-        except OSError as error:
-            return None, f"graphs folder {store.root} cannot be read: {error}"
-        for note in notes:
-            registry.record(REFUSED, family, f"{self.label}: {note}")
-        if stored is None:
-            return None, notes[0] if notes else None
-        have = stored.manifest.key.shape_range
-        if not have.covers(key.shape_range) and self.engine.options.compile_on_miss:
-            why = (f"stored graph {stored.name} was built for {have.describe()}, narrower than "
-                   f"{key.shape_range.describe()}")
-            registry.record(REFUSED, family, f"{self.label}: {why}; compiling for the declared range")
-            return None, why
-        started = time.perf_counter()
-        try:
-            graph = store.load(stored, family)
-        except GraphRefused as error:
-            registry.record(REFUSED, family, f"{self.label}: {error}", graph_id=stored.manifest.graph_id)
-            return None, str(error)
-        registry.add(graph)
-        registry.record(LOAD, family, f"{self.label}: loaded {stored.name} from {store.root}",
-                        seconds=time.perf_counter() - started, graph_id=graph.key.id)
-        self.origin = "loaded"
-        return graph, None
-
-    def _check_unit_sizes(self, candidate: CompiledGraph, units: Dict[str, Tuple[int, int]],
+    def check_unit_sizes(self, candidate: CompiledGraph, units: Dict[str, Tuple[int, int]],
                           call: FlatCall) -> Optional[str]:
         """None if the graph gives the block's eager result where the range's sizes of 1 are.
 
@@ -617,12 +356,13 @@ class BlockServer:
 
     def _serve(self, instance: BlockInstance, args: tuple, kwargs: dict) -> Any:
         engine = self.engine
-        if not self.ready and self.pending is not None:
+        source = self.source
+        if not self.ready and source.pending is not None:
             with self.lock:
-                self.land()
-        elif not self.ready and self.elsewhere is not None and time.monotonic() >= self.elsewhere[3]:
+                source.land()
+        elif not self.ready and source.elsewhere is not None and time.monotonic() >= source.elsewhere[3]:
             with self.lock:
-                self.look_again()
+                source.look_again()
         if not self.ready:
             return self._eager(instance, self.reason or "no graph", args, kwargs)
         try:

@@ -34,7 +34,7 @@ REPO = HERE.parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from compiler.testing.bench.comfy_e2e import ATTENTION_FLAGS, picked_attention  # noqa: E402  (imports no ComfyUI)
+from compiler.testing.bench.comfy_e2e import ATTENTION_FLAGS, picked_attention  # noqa: E402,F401  (imports no ComfyUI; picked_attention for the tests)
 from kf_inprocess import BLOCKING_BUILD  # noqa: E402,F401  (the Speedup nodes' compile-before-the-first-image choice)
 
 WORKFLOWS = REPO / "workflows"
