@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.file_order import pytest_collection_modifyitems  # noqa: F401 - the slowest test files first
+
 # Graph trust is machine-local state: keep the tests' own, never the user's.
 _TRUST_DIR = tempfile.mkdtemp(prefix="keepfast-trust-")
 os.environ.setdefault("KEEPFAST_TRUST_FILE", os.path.join(_TRUST_DIR, "trusted.json"))

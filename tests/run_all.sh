@@ -2,26 +2,65 @@
 # The test command (README and CI): sets up what it needs, then runs every suite.
 #  1. the main suite in .venv (Python 3.11, torch 2.13 CPU); the ComfyUI tests in it
 #     run only when COMFYUI_PATH points at a ComfyUI checkout, and say so when skipped;
-#  2. a part of the main suite again under torch 2.11 (what the CUDA 13 GPU images and the oldest torch the
-#     pack takes have) in .venv-torch211: the real-depth compiles and the API orders (TORCH211_TESTS; PyPI has
-#     only a CUDA build of 2.11, about 4 GB and 6 minutes the first time; KEEPFAST_SKIP_TORCH211=1 skips it);
+#  2. a part of the main suite under torch 2.11 (what the CUDA 13 GPU images and the oldest torch the
+#     pack takes have) in .venv-torch211: the API orders, the torch check and the real-depth SDXL UNet
+#     (TORCH211_TESTS; the real-depth SD1.5 UNet and VAE run under 2.13 in the main suite). PyPI has only a
+#     CUDA build of 2.11 (about 4.6 GB, a minute to install here); KEEPFAST_SKIP_TORCH211=1 skips it;
 #  3. the OneFlow backend tests in .venv-oneflow (Python 3.10, oneflow 0.9.0), built by
-#     .ci/setup_oneflow.sh (about 6 minutes and 8.5 GB the first time, seconds after).
+#     .ci/setup_oneflow.sh (several minutes and 8.5 GB the first time, seconds after).
+# The environments of 2 and 3 are installed while the main suite runs (downloads and unpacking, mostly not
+# the cores the tests use); their logs are shown when an install fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 -r requirements.txt -r requirements-dev.txt
-# Two workers, a test file each at a time (a file's compiled fixtures stay in one process): a test mostly
-# keeps one core busy (tracing, code generation and g++ are single-threaded), so two workers use both.
-.venv/bin/python -m pytest -n "${KEEPFAST_TEST_WORKERS:-2}" --dist loadfile "$@"
-TORCH211_TESTS=(tests/test_real_depth.py tests/test_api_sequences.py tests/test_torch_support.py)
-if [ "${KEEPFAST_SKIP_TORCH211:-0}" != "1" ]; then
+
+SETUP_LOGS=$(mktemp -d)
+BACKGROUND=()
+trap 'for pid in "${BACKGROUND[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$SETUP_LOGS"' EXIT
+
+setup_torch211() {
   [ -x .venv-torch211/bin/python ] || python3 -m venv .venv-torch211
   .venv-torch211/bin/python -m pip install -q --disable-pip-version-check torch==2.11.0 -r requirements.txt \
     -r requirements-dev.txt
-  .venv-torch211/bin/python -m pytest -n "${KEEPFAST_TEST_WORKERS:-2}" --dist loadfile "${TORCH211_TESTS[@]}"
+}
+setup_oneflow() {
+  .ci/setup_oneflow.sh >/dev/null  # writes .venv-oneflow/oneflow-env.sh
+}
+# Waits for a background setup; on failure prints its log and fails the run.
+joined() {
+  if ! wait "$1"; then
+    echo "setting up $2 failed:" >&2
+    cat "$SETUP_LOGS/$2.log" >&2
+    exit 1
+  fi
+}
+if [ "${KEEPFAST_SKIP_TORCH211:-0}" != "1" ]; then
+  setup_torch211 >"$SETUP_LOGS/torch211.log" 2>&1 &
+  TORCH211_SETUP=$!
+  BACKGROUND+=("$TORCH211_SETUP")
 fi
 if [ "${KEEPFAST_SKIP_ONEFLOW:-0}" != "1" ]; then
-  eval "$(.ci/setup_oneflow.sh)"
+  setup_oneflow >"$SETUP_LOGS/oneflow.log" 2>&1 &
+  ONEFLOW_SETUP=$!
+  BACKGROUND+=("$ONEFLOW_SETUP")
+fi
+
+# Two workers, a test file each at a time (a file's compiled fixtures stay in one process): a test mostly
+# keeps one core busy (tracing, code generation and g++ are single-threaded), so two workers use both. Files
+# go out slowest first (tests/support/file_order.py), not by their number of tests (xdist's default).
+REAL_DEPTH_SDXL="tests/test_real_depth.py::test_a_unet_at_its_real_depth_compiles_once_and_serves_every_call_equal_to_eager[sdxl]"
+.venv/bin/python -m pytest -n "${KEEPFAST_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
+  --deselect "$REAL_DEPTH_SDXL" "$@"
+
+TORCH211_TESTS=(tests/test_api_sequences.py tests/test_torch_support.py "$REAL_DEPTH_SDXL")
+if [ "${KEEPFAST_SKIP_TORCH211:-0}" != "1" ]; then
+  joined "$TORCH211_SETUP" torch211
+  .venv-torch211/bin/python -m pytest -n "${KEEPFAST_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
+    "${TORCH211_TESTS[@]}"
+fi
+if [ "${KEEPFAST_SKIP_ONEFLOW:-0}" != "1" ]; then
+  joined "$ONEFLOW_SETUP" oneflow
+  . .venv-oneflow/oneflow-env.sh
   KEEPFAST_REQUIRE_ONEFLOW=1 "$ONEFLOW_ENV/bin/python" -m pytest tests/oneflow -m oneflow
 fi

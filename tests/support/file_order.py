@@ -1,0 +1,78 @@
+"""The order test files run in: the slowest first, so that the two xdist workers finish together.
+
+`pytest -n 2 --dist loadfile` hands out whole files. xdist orders them by their number of tests unless told
+not to (`--no-loadscope-reorder`, tests/run_all.sh), which put the files with a few long compiles (the
+real-depth UNets, the video VAEs: 3-5 tests, several minutes each) last: one worker ran them alone while
+the other had finished. Longest first (the classic LPT rule) ends the run with short files instead.
+
+FILE_SECONDS: what each file took on this 2-core machine (setup and teardown included), from a run's
+`--junitxml` file: `python -m tests.support.file_order RUN.xml` prints the table again. Only the order
+depends on it; a file not in it counts as DEFAULT_S. Within a file the order is the file's own (module
+fixtures are shared by its tests in that order).
+"""
+
+from __future__ import annotations
+
+import sys
+import xml.etree.ElementTree as ElementTree
+from collections import defaultdict
+from typing import Dict, List
+
+DEFAULT_S = 40.0
+
+FILE_SECONDS: Dict[str, float] = {
+    "tests/test_correctness_matrix.py": 682,
+    "tests/test_background_builds.py": 422,
+    "tests/test_video_vae.py": 366,
+    "tests/test_real_depth.py": 255,
+    "tests/test_upcast.py": 211,
+    "tests/test_api_sequences.py": 185,
+    "tests/test_forked_trace.py": 184,
+    "tests/test_graph_parts.py": 170,
+    "tests/test_build_claims.py": 161,
+    "tests/test_size_one.py": 159,
+    "tests/test_build_book.py": 158,
+    "tests/test_routes.py": 153,
+    "tests/test_fault_boundary.py": 152,
+    "tests/test_blocks.py": 138,
+    "tests/test_input_casts.py": 90,
+    "tests/test_sharing.py": 88,
+    "tests/test_quiet_output.py": 77,
+    "tests/test_remote_s3.py": 61,
+    "tests/test_blocks_zimage.py": 57,
+    "tests/test_blocks_half.py": 53,
+    "tests/test_guard_build.py": 49,
+    "tests/test_inductor_backend.py": 46,
+}
+
+
+def file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(session, config, items: List) -> None:
+    """Stable sort by the file's cost, slowest first: every worker collects the same order."""
+    position = {}
+    for item in items:
+        position.setdefault(file_of(item.nodeid), len(position))
+    items.sort(key=lambda item: (-FILE_SECONDS.get(file_of(item.nodeid), DEFAULT_S),
+                                 position[file_of(item.nodeid)]))
+
+
+def seconds_per_file(junit_xml: str) -> Dict[str, float]:
+    """Per test file, the seconds its tests took in a `--junitxml` report (setup and teardown included)."""
+    totals: Dict[str, float] = defaultdict(float)
+    for case in ElementTree.parse(junit_xml).iter("testcase"):
+        path = case.get("classname", "").split(".")
+        # classname is the module path with dots, plus the class for tests in a class
+        while path and not path[-1].startswith("test_"):
+            path.pop()
+        if path:
+            totals["/".join(path) + ".py"] += float(case.get("time", 0.0))
+    return dict(totals)
+
+
+if __name__ == "__main__":
+    table = seconds_per_file(sys.argv[1])
+    for name, seconds in sorted(table.items(), key=lambda kv: -kv[1]):
+        print(f'    "{name}": {seconds:.0f},')
