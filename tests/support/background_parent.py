@@ -36,9 +36,9 @@ if start_delay:
 
     become_child = forked_trace._become_child
 
-    def _late_child(parent: int) -> None:
+    def _late_child(parent: int, *rest) -> None:
         time.sleep(start_delay)
-        become_child(parent)
+        become_child(parent, *rest)
 
     forked_trace._become_child = _late_child
 unet = tiny_unet(seed=6)
