@@ -136,7 +136,10 @@ def test_a_unet_trace_travels_and_gives_the_program_and_guards_a_trace_here_give
     args, kwargs = unet_call(1, 16)
     call = forward.flatten(args, kwargs)
     work = functools.partial(aot.trace_for_build, unet, forward.forward_fn, call, RANGE)
-    _, rebuilt = _travelled(work, list(call.tensors), tmp_path)
+    payload, rebuilt = _travelled(work, list(call.tensors), tmp_path)
+    assert len(payload) < sum(p.nbytes for p in unet.parameters()) / 20, len(payload)  # without the weights
+    assert {type(p).__name__ for p in rebuilt.args[0].parameters()} == {"FakeTensor"}
+    assert "forward" not in rebuilt.args[0].__dict__  # the pack's dispatcher (CompiledForward) stayed here
     got, got_traced = rebuilt()
     want, want_traced = work()
     for traced in (got_traced, want_traced):
@@ -232,7 +235,7 @@ def test_a_parent_killed_mid_trace_leaves_no_spawned_process_and_no_files(tmp_pa
     removes what the parent left."""
     stopped = stop_parent_mid_build(tmp_path, signal.SIGKILL, {"KEEPFAST_TEST_STOP_IN_TRACE": "1",
                                                                forked_trace.ENV: spawned_trace.SPAWN})
-    assert stopped.ran
+    assert stopped.how == spawned_trace.SPAWNED and stopped.ran
     assert gone(stopped.pid), "the trace process outlived its parent"
     assert not stopped.run.exists() and not list(stopped.temp.rglob("build-*")), sorted(stopped.temp.rglob("*"))
 
