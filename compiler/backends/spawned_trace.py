@@ -2,14 +2,15 @@
 
 A fork cannot trace where this process has used CUDA or the call's tensors are on a GPU (forked_trace.py: a forked
 child cannot use CUDA), so the trace ran in the caller there, and on a GPU the first image waited for torch.export
-(over 30 s for the SD1.5 UNet on an H200). A fresh process can use CUDA, but it has nothing of the caller's: the
-trace travels to it, pickled, without its weights.
+(issue 36: over 30 s for the SD1.5 UNet on an H200). A fresh process can use CUDA, but it has nothing of the
+caller's: the trace travels to it, pickled, without its weights.
 
 How the trace travels: `trace` is a picklable callable (a functools.partial of a module-level function holding the
 module, its forward and the call: aot.py, blocks/export.py). It is pickled with every parameter and persistent
 buffer of each module in it, and the call's tensors, replaced by a descriptor (shape, stride, dtype, device,
 requires_grad, parameter or not). The child rebuilds each as a fake tensor of one FakeTensorMode
-(`torch.empty_strided` under the mode allocates nothing, on a CUDA device too) and runs the same `trace_job` a
+(`torch.empty_strided` under the mode allocates no weight; on a CUDA device the first fake tensor initialises CUDA,
+a context and one element, torch/_subclasses/fake_tensor.py `init_gpu_context`) and runs the same `trace_job` a
 fork runs: torch.export traces a module whose weights and inputs are fake tensors of one mode (it takes that
 mode as the ambient one: torch/export/_trace.py `has_ambient_mode`), and writes the same files a fork writes. A
 fork's export turns every weight into a fake tensor as well, so their values were never read by a trace.
@@ -65,8 +66,6 @@ OUTPUT = "trace-output.txt"  # the child's stdout and stderr
 ERROR = "trace-error.json"  # its error, as a fork writes it (forked_trace.run_child)
 BY_VALUE_LIMIT = 256 * 2 ** 20  # bytes of tensors that travel with their values (non-persistent buffers and such)
 _disabled: Optional[str] = None  # why spawned traces are off in this process (set once one misbehaved)
-
-
 _preparations: List[Callable[[], Callable[[], None]]] = []
 
 
@@ -324,5 +323,5 @@ def child_main(folder: Path, parent: int) -> NoReturn:
     forked_trace.run_child(work, folder / ERROR, parent, niced=True)
 
 
-__all__ = ["SpawnedTrace", "CannotSend", "chosen", "disable", "prepare_children", "weightless_pickle", "rebuilt", "child_main",
-           "SPAWN", "FORKED", "SPAWNED", "CALLER"]
+__all__ = ["SpawnedTrace", "CannotSend", "chosen", "disable", "prepare_children", "weightless_pickle", "rebuilt",
+           "child_main", "SPAWN", "FORKED", "SPAWNED", "CALLER"]
