@@ -145,6 +145,8 @@ class ChunkServer:
     submodules with the original).
     """
 
+    is_keepfast_dispatcher = True  # installed as the module's forward: traces want the module itself
+
     def __init__(self, module: torch.nn.Module, options: CompileOptions, registry: GraphRegistry,
                  traced: ForwardFn = chunk):
         self.module = module

@@ -44,7 +44,7 @@ def registry() -> GraphRegistry:
 def setup() -> None:
     """Register the graphs folder, the event listener, the stats route and the oneflow backend's
     converter for ComfyUI's model classes (idempotent)."""
-    from . import oneflow_comfy
+    from . import oneflow_comfy, trace_process
 
     with _lock:
         first = not _state["setup"]
@@ -53,6 +53,7 @@ def setup() -> None:
             _say_torch_support()
         register_graphs_folder()
         oneflow_comfy.register()
+        trace_process.register()
         if not _state["listener"]:
             registry().add_listener(_on_event)
             package_builds.add_listener(_builds_changed)

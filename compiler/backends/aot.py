@@ -19,6 +19,7 @@ checked by the pack instead, from the manifest, before the library is loaded
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -163,6 +164,15 @@ def trace(module, forward_fn, call: FlatCall, shape_range, widen: bool = True) -
         example = pinned_example(call, bounds)
     ep, flat = export_program(module, forward_fn, example.call, shape_range)
     return Traced(ep, flat, _guards_from(ep, example.call) + example.pin_guards(), "", time.perf_counter() - started)
+
+
+def trace_for_build(module, forward_fn, call: FlatCall, shape_range) -> Tuple[Any, dict]:
+    """`trace` as a background build's trace process runs it: (program, the JSON-able rest of what it found)."""
+    result = trace(module, forward_fn, call, shape_range)
+    if result.flat.out_spec is None:
+        raise CompileFailed("the model's output structure was not seen while tracing")
+    return result.ep, {"guards": result.guards, "widened": result.widened,
+                       "out_spec": dump_out_spec(result.flat.out_spec), "export_s": result.seconds}
 
 
 def size_one_disagreement(graph: "AotGraph", module, flat: FlatForward, call: FlatCall) -> Optional[str]:
@@ -525,14 +535,10 @@ class AotBackend(Backend):
     def start_compile(self, module, forward_fn, call: FlatCall, key: GraphKey,
                       label: Optional[BuildLabel] = None) -> "AotPending":
         """Trace and build the package off this process: the trace in a fork of it where one can (it reads the
-        module as it is now: forked_trace.py), else here; the package in a child process (package_builds.py)."""
-        def traced() -> Tuple[Any, dict]:
-            result = trace(module, forward_fn, call, key.shape_range)
-            if result.flat.out_spec is None:
-                raise CompileFailed("the model's output structure was not seen while tracing")
-            return result.ep, {"guards": result.guards, "widened": result.widened,
-                               "out_spec": dump_out_spec(result.flat.out_spec), "export_s": result.seconds}
-
+        module as it is now: forked_trace.py), else in a spawned process (spawned_trace.py: the trace travels
+        pickled, so it is a partial of a module-level function), else here; the package in a child process
+        (package_builds.py)."""
+        traced = functools.partial(trace_for_build, module, forward_fn, call, key.shape_range)
         # The CPU level is picked in the build process (Inductor's probe compiles test programs: not here).
         build = package_builds.start_traced(traced, list(call.tensors), dict(PACKAGE_CONFIG), label or UNLABELLED,
                                             probe=True)

@@ -9,8 +9,10 @@ slot already occupied" and "CURRENT_PATCHER is None"). A child started from scra
 as ComfyUI patched it, wrappers and all; a fork has it as it is, copy-on-write, with nothing pickled.
 
 Where it cannot: a process that has used CUDA (a forked child cannot use CUDA, and tracing fake CUDA tensors
-initialises it), tensors on any device but the CPU, a platform without fork, or KEEPFAST_TRACE_PROCESS=0: the
-trace then runs in the caller, as before. The child runs at a lower priority with one intra-op thread, ends
+initialises it) or tensors on a CUDA device: the trace runs in a spawned process instead (spawned_trace.py, which
+chooses); tensors on another device, a platform without fork, or KEEPFAST_TRACE_PROCESS=0: the trace runs in the
+caller, as before. `TraceProcess` (waiting, the timeout, failures) and `run_child` (the child's life) serve the
+spawned process too. The child runs at a lower priority with one intra-op thread, ends
 with this process (its parent-death signal) and then sweeps what this process left, never returns into the
 caller's code (os._exit, whatever happens), and is killed when it runs longer than KEEPFAST_TRACE_TIMEOUT_S
 (default 300).
@@ -27,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, NoReturn, Optional
 
 import torch
 
@@ -45,12 +47,23 @@ _disabled: Optional[str] = None  # why this process traces in the caller from no
 
 def unavailable(tensors: Iterable[torch.Tensor]) -> Optional[str]:
     """Why a trace of a call with these tensors must run in this process (None: it can run in a fork)."""
+    return general_refusal() or cuda_refusal(tensors)
+
+
+def general_refusal() -> Optional[str]:
+    """Why no fork traces here whatever the call (KEEPFAST_TRACE_PROCESS=0, the platform, a fork misbehaved)."""
     if os.environ.get(ENV, "1") == "0":
         return f"{ENV}=0"
     if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
         return "this platform has no fork with a parent-death signal"
     if _disabled is not None:
         return _disabled
+    return None
+
+
+def cuda_refusal(tensors: Iterable[torch.Tensor]) -> Optional[str]:
+    """Why a fork cannot trace a call with these tensors for their device or this process's CUDA (None: it can).
+    A reason that names CUDA is one a spawned process serves (spawned_trace.py); another device is not."""
     if torch.cuda.is_initialized():
         return "this process uses CUDA, which a forked process cannot"
     for tensor in tensors:
@@ -89,15 +102,17 @@ class TraceFailure:
         return self.kind in (FORK, "in_process")
 
 
-class ForkedTrace:
-    """One forked child running `work()`; `failure()` says why it ended without success."""
+class TraceProcess:
+    """One child process tracing a program (forked here, or spawned: spawned_trace.py); the caller's watcher
+    thread reaps it with `wait()`, and `failure()` says why it ended without success."""
 
-    def __init__(self, work: Callable[[], None], error_file: Path):
-        """Run `work()` in a forked child now; the caller reaps it with `wait()` (on a thread of its own)."""
+    how = "trace"  # "forked" or "spawned": which process traced (PackageBuild.trace_process)
+
+    def __init__(self, pid: int, error_file: Path):
         self.error_file = error_file
         self.status: Optional[int] = None  # os.waitpid's status, once reaped
         self.timed_out = False
-        self.pid = _fork(work, error_file)
+        self.pid = pid
         self._reaped = threading.Event()
 
     def running(self) -> bool:
@@ -126,6 +141,14 @@ class ForkedTrace:
         except OSError:
             pass
 
+    def disable(self, reason: str) -> None:
+        """Trace in the caller from now on where this kind of process would have traced (it misbehaved)."""
+        disable(reason)
+
+    def output_tail(self) -> str:
+        """The last line the child wrote, where it wrote to a file of its own ("" where it did not)."""
+        return ""
+
     def failure(self) -> Optional[TraceFailure]:
         """None when the child succeeded (or was reaped elsewhere and wrote no error), else why it did not."""
         try:
@@ -139,9 +162,22 @@ class ForkedTrace:
         if self.timed_out:
             return TraceFailure(FORK, f"the trace process ran longer than {_timeout():.0f} s ({TIMEOUT_ENV}) and "
                                       "was stopped")
+        tail = self.output_tail()
+        said = f" ({tail})" if tail else ""
         if os.WIFSIGNALED(self.status):
-            return TraceFailure(FORK, f"the trace process was killed by signal {os.WTERMSIG(self.status)}")
-        return TraceFailure(FORK, f"the trace process ended with status {os.WEXITSTATUS(self.status)} and no message")
+            return TraceFailure(FORK, f"the trace process was killed by signal {os.WTERMSIG(self.status)}{said}")
+        return TraceFailure(FORK, f"the trace process ended with status {os.WEXITSTATUS(self.status)} and no "
+                                  f"message{said}")
+
+
+class ForkedTrace(TraceProcess):
+    """One forked child running `work()`."""
+
+    how = "forked"
+
+    def __init__(self, work: Callable[[], None], error_file: Path):
+        """Run `work()` in a forked child now; the caller reaps it with `wait()` (on a thread of its own)."""
+        super().__init__(_fork(work, error_file), error_file)
 
 
 def _fork(work: Callable[[], None], error_file: Path) -> int:
@@ -154,9 +190,15 @@ def _fork(work: Callable[[], None], error_file: Path) -> int:
     pid = os.fork()
     if pid:
         return pid
-    status = 1  # the child: never returns into the caller's code
+    run_child(work, error_file, parent)
+
+
+def run_child(work: Callable[[], None], error_file: Path, parent: int, niced: bool = False) -> NoReturn:
+    """The trace process's life (forked, or spawned: spawned_trace.py): become the parent's child (`niced`: its
+    priority is lowered already), run `work()`, write its error as the parent reads it, and end the process."""
+    status = 1  # never returns into the caller's code
     try:
-        _become_child(parent)
+        _become_child(parent, niced)
         work()
         status = 0
     except _ParentGone:
@@ -184,7 +226,7 @@ class _ParentGone(BaseException):
     """Raised in the child by the parent-death signal (a BaseException: nothing in the traced code catches it)."""
 
 
-def _become_child(parent: int) -> None:
+def _become_child(parent: int, niced: bool = False) -> None:
     """End with the parent, yield the cores to it, and compute on one thread (OpenMP's pool is the parent's).
 
     The parent-death signal is SIGTERM, handled: the kernel also sends it when the thread that forked ends
@@ -207,11 +249,13 @@ def _become_child(parent: int) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != parent:  # the parent died before the signal was set
         raise _ParentGone()
-    try:
-        os.nice(10)
-    except OSError:
-        pass
+    if not niced:
+        try:
+            os.nice(10)
+        except OSError:
+            pass
     torch.set_num_threads(1)
 
 
-__all__ = ["ForkedTrace", "TraceFailure", "unavailable", "disable", "ENV", "TIMEOUT_ENV"]
+__all__ = ["ForkedTrace", "TraceProcess", "TraceFailure", "run_child", "unavailable", "general_refusal", "cuda_refusal",
+           "disable", "ENV", "TIMEOUT_ENV"]

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import atexit
 import copy
+import functools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -36,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 import torch
 
 from .. import build_times, extraction, machine_fit
-from . import forked_trace
+from . import forked_trace, spawned_trace
 from .base import UNLABELLED, BuildInProcess, BuildLabel, CompileFailed
 
 REAL_CHILD = Path(__file__).with_name("package_build_child.py")
@@ -50,6 +52,7 @@ _queue: List["PackageBuild"] = []  # started, waiting for a free slot
 _owners: Dict[str, List[int]] = {}  # owner id -> [builds started, builds ended] while it has builds
 _listeners: List[Callable[[], None]] = []
 _lock = threading.RLock()
+log = logging.getLogger(__name__)
 _running_count = 0  # children launched and not yet ended (read without the lock: build_cores.py, every call)
 
 
@@ -157,10 +160,12 @@ class PackageBuild:
         # What the child built for (machine_fit.build_probe: march, vector ISA and its flags), once read;
         # None where the caller chose the configuration itself.
         self.probe: Optional[dict] = None
-        # start_traced: the forked process tracing the program (None: traced in the caller), and what the
-        # trace says besides the program (guards, output structure), once it ended.
-        self.tracer: Optional[forked_trace.ForkedTrace] = None
+        # start_traced: the process tracing the program (forked or spawned; None: traced in the caller), and what
+        # the trace says besides the program (guards, output structure), once it ended.
+        self.tracer: Optional[forked_trace.TraceProcess] = None
         self.traced: Optional[dict] = None
+        self.trace_process: Optional[str] = None  # start_traced: "forked", "spawned" or "caller"
+        self.trace_note: Optional[str] = None  # traced in the caller: why not in a trace process
 
     def _launch(self) -> None:
         try:
@@ -210,7 +215,7 @@ class PackageBuild:
                     counts[1] += 1
 
     def _queue_when_traced(self) -> None:
-        """The watcher of a forked trace: queue the build once the program is written, or fail it with why."""
+        """The watcher of a trace process: queue the build once the program is written, or fail it with why."""
         global _running_count
         tracer = self.tracer
         tracer.wait()
@@ -230,7 +235,7 @@ class PackageBuild:
                                                     f"result ({error})")
         if failure is not None:
             if failure.of_the_fork:
-                forked_trace.disable(f"a trace in a forked process failed ({failure.message})")
+                tracer.disable(f"a trace in a {tracer.how} process failed ({failure.message})")
             self.failed_to_start = failure.message
             self._ended()
         else:
@@ -461,7 +466,7 @@ def _pump() -> None:
             _queue.pop(0)._launch()
 
 
-TRACED = "traced.json"  # what a forked trace says besides the program
+TRACED = "traced.json"  # what a trace process says besides the program
 
 
 ISA_CACHE_ENV = "KEEPFAST_ISA_CACHE"
@@ -551,35 +556,49 @@ def start(ep: "torch.export.ExportedProgram", configs: dict, label: BuildLabel =
 Trace = Callable[[], Tuple["torch.export.ExportedProgram", dict]]
 
 
+def trace_job(trace: Trace, configs: dict, probe: bool, folder: Path) -> None:
+    """What a trace process does (forked or spawned alike): trace, then write the build's job and TRACED."""
+    ep, traced = trace()
+    _write_job(ep, configs, probe, folder)
+    (folder / TRACED).write_text(json.dumps(traced))
+
+
 def start_traced(trace: Trace, tensors: List[torch.Tensor], configs: dict, label: BuildLabel = UNLABELLED,
                  probe: bool = False) -> PackageBuild:
     """Trace (`trace()` -> (program, a JSON-able dict of what else the trace found)) and build, off this process
-    where it can fork (forked_trace.py: a call with `tensors` on the CPU, no CUDA here), else trace here first.
+    where it can: in a fork (forked_trace.py: a call with `tensors` on the CPU, no CUDA here), else in a spawned
+    process (spawned_trace.py: where only CUDA keeps a fork from it, and `trace` pickles), else here first.
 
-    The dict is the build's `traced` once the trace ended. Traced here, the trace's errors (CompileFailed,
-    BuildInProcess) are raised now; traced in a fork, they are the build's failure (`result()` raises it)."""
-    why = forked_trace.unavailable(tensors)
-    if why is not None:
+    The dict is the build's `traced` once the trace ended; `trace_process` says where it ran (and `trace_note`
+    why here). Traced here, the trace's errors (CompileFailed, BuildInProcess) are raised now; traced in a child
+    process, they are the build's failure (`result()` raises it)."""
+    how, why = spawned_trace.chosen(tensors)
+    tracer: Optional[forked_trace.TraceProcess] = None
+    if how != spawned_trace.CALLER:
+        folder = Path(tempfile.mkdtemp(prefix="build-", dir=extraction.run_folder()))
+        work = functools.partial(trace_job, trace, configs, probe, folder)
+        try:
+            if how == spawned_trace.FORKED:
+                tracer = forked_trace.ForkedTrace(work, folder / spawned_trace.ERROR)
+            else:
+                tracer = spawned_trace.SpawnedTrace(work, tensors, folder)
+        except spawned_trace.CannotSend as error:
+            why = str(error)
+        except OSError as error:  # no process now (memory, process limits): trace here
+            why = f"a {how} trace process failed to start: {error}"
+            (forked_trace.disable if how == spawned_trace.FORKED else spawned_trace.disable)(why)
+        if tracer is None:
+            shutil.rmtree(folder, ignore_errors=True)
+    if tracer is None:
+        log.info("%s: traced in this process (%s)", label.owner, why)
         ep, traced = trace()
         build = start(ep, configs, label, probe)
-        build.traced = traced
+        build.traced, build.trace_process, build.trace_note = traced, spawned_trace.CALLER, why
         return build
-    folder = Path(tempfile.mkdtemp(prefix="build-", dir=extraction.run_folder()))
-
-    def in_the_fork() -> None:
-        ep, traced = trace()
-        _write_job(ep, configs, probe, folder)
-        (folder / TRACED).write_text(json.dumps(traced))
-
-    global _running_count
-    try:
-        tracer = forked_trace.ForkedTrace(in_the_fork, folder / "trace-error.json")
-    except OSError as error:  # no fork now (memory, process limits): trace here
-        shutil.rmtree(folder, ignore_errors=True)
-        forked_trace.disable(f"fork failed: {error}")
-        return start_traced(trace, tensors, configs, label, probe)
+    log.info("%s: traced in a %s process%s", label.owner, tracer.how, f" ({why})" if why else "")
     build = _new_build(folder, label, queued=False)
-    build.tracer = tracer
+    build.tracer, build.trace_process = tracer, tracer.how
+    global _running_count
     with _lock:
         _running_count += 1  # the trace takes a core: model calls leave it one (build_cores.py)
     threading.Thread(target=build._queue_when_traced, name="keepfast-trace-watch", daemon=True).start()
@@ -608,7 +627,7 @@ def live_builds() -> int:
 
 
 def tracing_builds() -> int:
-    """Builds whose program is still being traced in a forked process (forked_trace.py)."""
+    """Builds whose program is still being traced in a trace process (forked_trace.py, spawned_trace.py)."""
     with _lock:
         return sum(1 for build in _live if build._tracing())
 

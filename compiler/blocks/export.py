@@ -22,6 +22,7 @@ size 1 runs eager with the reason. One compile per block structure.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
@@ -60,6 +61,11 @@ def _own_forward(module: torch.nn.Module, *args, **kwargs):
     return type(module).forward(module, *args, **kwargs)
 
 
+def _as_it_is(module: torch.nn.Module) -> ContextManager:
+    """The default `tracing`: the block traced as it is (module-level, so a trace can be pickled)."""
+    return contextlib.nullcontext()
+
+
 def _first_line(error: BaseException) -> str:
     lines = str(error).strip().splitlines()
     return lines[0][:300] if lines else type(error).__name__
@@ -91,7 +97,7 @@ class TracedBlock:
 
 def trace_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: GraphKey,
                 forward: Callable = _own_forward,
-                tracing: Callable[[torch.nn.Module], ContextManager] = lambda module: contextlib.nullcontext()
+                tracing: Callable[[torch.nn.Module], ContextManager] = _as_it_is
                 ) -> TracedBlock:
     """Export one block over its bounds (in the caller's process: it reads the module); CompileFailed says why not.
 
@@ -165,7 +171,7 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
                  progress: Progress = lambda stage, fraction: None,
                  check_unit_sizes: Optional["UnitCheck"] = None,
                  forward: Callable = _own_forward,
-                 tracing: Callable[[torch.nn.Module], ContextManager] = lambda module: contextlib.nullcontext()
+                 tracing: Callable[[torch.nn.Module], ContextManager] = _as_it_is
                  ) -> Tuple[AotGraph, List[str]]:
     """Export and package one block: (graph, notes); CompileFailed says why not.
 
@@ -185,19 +191,23 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
     return package_block(traced, built, progress, check_unit_sizes)
 
 
+def block_for_build(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: GraphKey, forward: Callable,
+                    tracing: Callable[[torch.nn.Module], ContextManager]) -> Tuple[Any, dict]:
+    """`trace_block` as a background build's trace process runs it: (program, the JSON-able rest)."""
+    block = trace_block(module, call, bounds, key, forward, tracing)
+    return block.program, {"guards": block.guards, "out_spec": block.out_spec}
+
+
 class BlockBuild:
-    """A block traced (in a fork of this process, or here: backends/forked_trace.py) whose package builds in a
-    child process (backends/package_builds.py). Traced here, the trace's CompileFailed is raised now."""
+    """A block traced (in a fork of this process, a spawned process, or here: backends/forked_trace.py,
+    backends/spawned_trace.py) whose package builds in a child process (backends/package_builds.py). Traced
+    here, the trace's CompileFailed is raised now."""
 
     def __init__(self, module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: GraphKey, label: BuildLabel,
                  forward: Callable = _own_forward,
-                 tracing: Callable[[torch.nn.Module], ContextManager] = lambda module: contextlib.nullcontext()):
+                 tracing: Callable[[torch.nn.Module], ContextManager] = _as_it_is):
         self.call, self.bounds, self.key = call, bounds, key
-
-        def traced() -> Tuple[Any, dict]:
-            block = trace_block(module, call, bounds, key, forward, tracing)
-            return block.program, {"guards": block.guards, "out_spec": block.out_spec}
-
+        traced = functools.partial(block_for_build, module, call, bounds, key, forward, tracing)
         # The CPU level is picked in the build process (Inductor's probe compiles test programs: not here).
         self.build = package_builds.start_traced(traced, list(call.tensors), dict(PACKAGE_CONFIG), label, probe=True)
 

@@ -73,6 +73,8 @@ def _cut(tensor: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
 class BlockInstance:
     """One block of the model; its `forward` is replaced by this object."""
 
+    is_keepfast_dispatcher = True  # installed as the block's forward: traces want the block itself
+
     def __init__(self, server: "BlockServer", index: int, path: str, module: torch.nn.Module):
         self.server = server
         self.index = index

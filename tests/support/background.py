@@ -74,10 +74,11 @@ def gone(pid: int) -> bool:
 
 
 class StoppedParent(NamedTuple):
-    pid: int  # the process background_parent.py printed (a build, or a trace fork)
+    pid: int  # the process background_parent.py printed (a build, or a trace process)
     ran: bool  # it was running when the parent was stopped
     run: Path  # the parent's run folder
     temp: Path  # the parent's TMPDIR
+    how: str = ""  # a trace process: "forked" or "spawned" (PackageBuild.trace_process)
 
 
 def stop_parent_mid_build(tmp_path: Path, signal_number: int, env: Dict[str, str]) -> StoppedParent:
@@ -88,7 +89,7 @@ def stop_parent_mid_build(tmp_path: Path, signal_number: int, env: Dict[str, str
     parent = subprocess.Popen([sys.executable, str(HERE / "background_parent.py")], stdout=subprocess.PIPE,
                               text=True, env={**os.environ, "TMPDIR": str(temp), **env})
     try:
-        pid, run = parent.stdout.readline().split()
+        pid, run, *how = parent.stdout.readline().split()
         ran = not gone(int(pid))
     finally:
         parent.send_signal(signal_number)
@@ -96,4 +97,4 @@ def stop_parent_mid_build(tmp_path: Path, signal_number: int, env: Dict[str, str
     deadline = time.monotonic() + 30
     while (not gone(int(pid)) or Path(run).exists()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return StoppedParent(int(pid), ran, Path(run), temp)
+    return StoppedParent(int(pid), ran, Path(run), temp, "".join(how))

@@ -4,7 +4,8 @@
     python background_parent.py   (KEEPFAST_TEST_BUILD_DELAY_S long: the build is still running when killed)
 
 With KEEPFAST_TEST_STOP_IN_TRACE=1 the trace (in a forked process) sleeps, and the pid printed is the trace
-process's (tests/test_forked_trace.py). KEEPFAST_TEST_TRACE_START_DELAY_S holds the trace process back before it
+process's (tests/test_forked_trace.py), followed by which process it is (tests/test_spawned_trace.py: with
+KEEPFAST_TRACE_PROCESS=spawn a spawned process, which runs the real trace, not the sleeping one). KEEPFAST_TEST_TRACE_START_DELAY_S holds the trace process back before it
 takes its first step as a child (a busy machine: the parent can be gone before its child has started).
 """
 
@@ -36,9 +37,9 @@ if start_delay:
 
     become_child = forked_trace._become_child
 
-    def _late_child(parent: int) -> None:
+    def _late_child(parent: int, *rest) -> None:
         time.sleep(start_delay)
-        become_child(parent)
+        become_child(parent, *rest)
 
     forked_trace._become_child = _late_child
 unet = tiny_unet(seed=6)
@@ -48,7 +49,7 @@ with torch.no_grad():
     unet(torch.randn(1, 4, 8, 8), torch.tensor(500.0), prompt_embeds(1, 77), return_dict=False)
 (build,) = package_builds._live
 if in_trace:
-    print(build.tracer.pid, run_folder(), flush=True)
+    print(build.tracer.pid, run_folder(), build.trace_process, flush=True)
     time.sleep(3600)
 while build.process is None:
     time.sleep(0.05)
