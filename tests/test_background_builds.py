@@ -166,7 +166,7 @@ def test_a_flux_transformer_runs_eager_while_its_block_graphs_build_then_from_th
     """Block by block: one build per block structure (2 for Flux), queued one at a time here (2 cores); the
     model's output equals eager's before, while and after they land."""
     from compiler import compile_pipe
-    from compiler.blocks.server import BUILDING
+    from compiler.blocks.graph_source import BUILDING
     from compiler.diffusers_api import compiled_parts
     from tests.support import tiny_transformers as tt
 
