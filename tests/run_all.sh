@@ -3,7 +3,7 @@
 #  1. the main suite in .venv (Python 3.11, torch 2.13 CPU); the ComfyUI tests in it
 #     run only when COMFYUI_PATH points at a ComfyUI checkout, and say so when skipped;
 #  2. a part of the main suite under torch 2.11 (what the CUDA 13 GPU images and the oldest torch the
-#     pack takes have) in .venv-torch211: the API orders, the torch check and the real-depth SDXL UNet
+#     pack takes have) in .venv-torch211: the SD and upcast-VAE API orders, the torch check, the real-depth SDXL UNet
 #     (TORCH211_TESTS; the real-depth SD1.5 UNet and VAE run under 2.13 in the main suite). PyPI has only a
 #     CUDA build of 2.11 (about 4.6 GB, a minute to install here); KEEPFAST_SKIP_TORCH211=1 skips it;
 #  3. the OneFlow backend tests in .venv-oneflow (Python 3.10, oneflow 0.9.0), built by
@@ -53,7 +53,11 @@ REAL_DEPTH_SDXL="tests/test_real_depth.py::test_a_unet_at_its_real_depth_compile
 .venv/bin/python -m pytest -n "${KEEPFAST_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
   --deselect "$REAL_DEPTH_SDXL" "$@"
 
-TORCH211_TESTS=(tests/test_api_sequences.py tests/test_torch_support.py "$REAL_DEPTH_SDXL")
+# The API orders of the SD pipeline and of the float16 one whose VAE runs upcast (SDXL: its real-depth UNet here).
+TORCH211_TESTS=(tests/test_torch_support.py "$REAL_DEPTH_SDXL"
+  tests/test_api_sequences.py::test_sd_pipe_any_api_order_compiles_nothing
+  tests/test_api_sequences.py::test_float16_pipe_whose_vae_runs_upcast_compiles_nothing
+  tests/test_api_sequences.py::test_positional_and_keyword_calls_are_one_graph)
 if [ "${KEEPFAST_SKIP_TORCH211:-0}" != "1" ]; then
   joined "$TORCH211_SETUP" torch211
   .venv-torch211/bin/python -m pytest -n "${KEEPFAST_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
