@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -360,3 +361,17 @@ def test_each_configuration_runs_in_a_process_of_its_own_and_the_run_writes_at_m
     rows = json.loads((out / "bench.json").read_text())["check"]["rows"]
     assert {r["status"] for r in rows} == {"ok"} and len(rows) == len(jobs)
     assert "sd15-ours_aot_load | ran sd15/ours_aot_load" in (out / check.LOG_NAME).read_text()
+
+
+def test_a_job_near_its_limit_prints_the_stacks_from_a_python_thread(capsys):
+    """Not faulthandler's later dump, which read other threads' frames without the GIL and was followed by SIGSEGV
+    in two jobs on the lent H100: the stacks come from a Python thread, the waiting thread's own frame in them."""
+    from compiler.testing.bench import worker
+
+    def _waiting_here():
+        worker._print_stacks_later(0.05)
+        time.sleep(0.5)
+
+    _waiting_here()
+    err = capsys.readouterr().err
+    assert "Stacks after 0 s" in err and "in _waiting_here" in err, err

@@ -42,7 +42,7 @@ from ..probes import cloned, narrowed_to_one, pinned_example, trace_example
 from ..shapes import SPATIAL, leaf_bounds
 from ..signature import FlatCall
 from ..verify import compare
-from . import aot_parts, package_builds, program_split
+from . import aot_parts, loader_check, package_builds, package_loader, program_split
 from .base import (UNLABELLED, Backend, BuildInProcess, BuildLabel, CompileFailed, CompiledGraph, PackageInfo, PendingGraph, Progress,
                    no_progress)
 from .export_guards import exported_shapes, guard_texts
@@ -325,23 +325,23 @@ def _home_index(kind: str) -> int:
     return torch.cuda.current_device() if kind_type(kind) == "cuda" else -1
 
 
-def _new_loader(path: str, model: str = "model", device_index: int = -1):
-    """torch._C._aoti.AOTIModelPackageLoader for device `device_index` (-1: the CPU, or the current GPU); its
-    arguments grew over torch versions. One without the device index loads onto the current device, so that is
-    set to `device_index` around it."""
-    loader_class = torch._C._aoti.AOTIModelPackageLoader
+_new_loader = package_loader.new_loader  # the loader for one device (package_loader.py)
+
+
+def _package_kind(folder: Path) -> str:
+    """The device kind an unpacked package computes on (its AOTI_DEVICE_KEY); "cpu" where it does not say."""
     try:
-        return loader_class(path, model, False, 1, device_index)
-    except TypeError:
-        pass
-    current = torch.cuda.device(device_index) if device_index >= 0 else contextlib.nullcontext()
-    with current:
-        for args in ((model, False, 1), (model, False)):
-            try:
-                return loader_class(path, *args)
-            except TypeError:
-                continue
-        return loader_class(path, model)
+        return _package_metadata(folder).get("AOTI_DEVICE_KEY", "cpu") or "cpu"
+    except CompileFailed:
+        return "cpu"
+
+
+def refuse_where_the_loader_crashes(device: str) -> None:
+    """CompileFailed with the reason where torch's package loader crashed on this machine for `device`'s kind
+    (loader_check.py): a graph that cannot be loaded is not traced and built (minutes) for nothing."""
+    reason = loader_check.refusal(torch.device(device).type)
+    if reason:
+        raise CompileFailed(reason)
 
 
 def _load_runner(folder: Path, package_bytes: bytes, wiring: Optional[dict] = None, index: int = -1):
@@ -352,6 +352,15 @@ def _load_runner(folder: Path, package_bytes: bytes, wiring: Optional[dict] = No
     a .pt2 file and unpacks it again into a folder of its own.
     """
     from torch._inductor.package.package import AOTICompiledModel
+
+    kind = _package_kind(folder)
+    if loader_check.applies(kind):  # loaded in a process of its own first, until one loaded on this machine
+        path = folder / "graph.pt2"
+        if not path.is_file():
+            path.write_bytes(package_bytes)
+        refused = loader_check.before_load(kind, path)
+        if refused:
+            raise CompileFailed(refused)
 
     def load(model: str):
         try:
@@ -517,6 +526,7 @@ class AotBackend(Backend):
 
     def compile(self, module, forward_fn, call: FlatCall, key: GraphKey,
                 progress: Progress = no_progress) -> AotGraph:
+        refuse_where_the_loader_crashes(key.family.device)
         progress("tracing with torch.export", 0.05)
         package_builds.prestart()  # its build process starts Python and torch while this process traces
         traced = trace(module, forward_fn, call, key.shape_range)
@@ -538,6 +548,7 @@ class AotBackend(Backend):
         module as it is now: forked_trace.py), else in a spawned process (spawned_trace.py: the trace travels
         pickled, so it is a partial of a module-level function), else here; the package in a child process
         (package_builds.py)."""
+        refuse_where_the_loader_crashes(key.family.device)
         traced = functools.partial(trace_for_build, module, forward_fn, call, key.shape_range)
         # The CPU level is picked in the build process (Inductor's probe compiles test programs: not here).
         build = package_builds.start_traced(traced, list(call.tensors), dict(PACKAGE_CONFIG), label or UNLABELLED,

@@ -29,6 +29,41 @@ from typing import Optional
 BEGUN = time.perf_counter()
 
 
+def _kind(spec: dict) -> str:
+    """The device kind the program computes on: that of its first weight not on the CPU ("cpu" else)."""
+    for _shape, _stride, _dtype, device, _parameter in spec.values():
+        kind = str(device).split(":")[0]
+        if kind != "cpu":
+            return kind
+    return "cpu"
+
+
+def _load_first(folder: str, package: str, kind: str) -> dict:
+    """Load the package just built, here, where its kind is loaded elsewhere before the caller loads it
+    (loader_check.py: a GPU package; every package with KEEPFAST_LOADER_CHECK=all). torch's loader has killed
+    the process loading a CUDA package (SIGSEGV, H100 with torch 2.11+cu130): let it kill this one, not the
+    caller. The file "loading" (loader_check.LOADING_MARK), holding the kind, says the load was under way: the
+    caller reads it beside the signal.
+    Returns {"load_check_s": seconds} when it loaded, {} when not asked."""
+    setting = os.environ.get("KEEPFAST_LOADER_CHECK", "")
+    if setting == "0" or (kind == "cpu" and setting != "all"):
+        return {}
+    import importlib.util
+
+    began = time.perf_counter()
+    mark = os.path.join(folder, "loading")
+    with open(mark, "w") as handle:
+        handle.write(kind)
+    spec = importlib.util.spec_from_file_location("keepfast_package_loader",
+                                                  os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                               "package_loader.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.load_all(package)
+    os.remove(mark)
+    return {"load_check_s": round(time.perf_counter() - began, 2)}
+
+
 def _weights(spec: dict):
     import torch
 
@@ -273,7 +308,9 @@ def main(folder: str) -> int:
         loaded = time.perf_counter() - BEGUN
         target = os.path.join(folder, "graph.partial.pt2")
         torch._inductor.aoti_compile_and_package(program, package_path=target, inductor_configs=configs)
-        _write_usage(folder, _phases(started, loaded, time.perf_counter() - BEGUN))
+        phases = _phases(started, loaded, time.perf_counter() - BEGUN)
+        checked = _load_first(folder, target, _kind(job["weights"]))
+        _write_usage(folder, {**phases, **checked})
         os.replace(target, os.path.join(folder, "graph.pt2"))  # whole, or not there
         return 0
     except BaseException as error:  # noqa: BLE001 - the parent reads the reason from error.txt

@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 import torch
 
 from .. import build_times, extraction, machine_fit
-from . import forked_trace, spawned_trace
+from . import forked_trace, loader_check, spawned_trace
 from .base import UNLABELLED, BuildInProcess, BuildLabel, CompileFailed
 
 REAL_CHILD = Path(__file__).with_name("package_build_child.py")
@@ -297,7 +297,12 @@ class PackageBuild:
             if self.process.returncode == 0 and package.is_file():
                 self.usage = _read_usage(self.folder)
                 self.probe = _read_probe(self.folder)
+                if "load_check_s" in self.usage.get("phase_s", {}):
+                    loader_check.record(self._loaded_kind(), True, "a package loaded in its build process")
                 return package.read_bytes()
+            crashed = self._loader_crash()
+            if crashed:
+                raise CompileFailed(crashed)
             raise CompileFailed("AOTInductor failed in the build process: " + self._reason())
         finally:
             self._clean()
@@ -316,6 +321,25 @@ class PackageBuild:
                 self.process.kill()
             self.process.wait()
         self._clean()
+
+    def _loaded_kind(self) -> str:
+        """The device kind the child loaded its package for (what it wrote in the mark; "cpu" if nothing)."""
+        try:
+            return (self.folder / loader_check.LOADING_MARK).read_text().strip() or "cpu"
+        except OSError:
+            return _kind_of_job(self.folder)
+
+    def _loader_crash(self) -> Optional[str]:
+        """The reason, when the child died by a signal while loading the package it built (loader_check.py); the
+        machine's verdict is kept, so no later graph of that kind is built for nothing."""
+        code = self.process.returncode if self.process is not None else None
+        if code is None or code >= 0 or not (self.folder / loader_check.LOADING_MARK).is_file():
+            return None
+        kind = self._loaded_kind()
+        reason = loader_check.crash_reason(kind, code, f"loading the {kind} graph its build process had just built")
+        loader_check.record(kind, False, reason)
+        log.warning("%s", reason)
+        return reason
 
     def _reason(self) -> str:
         error = self.folder / "error.txt"
@@ -421,6 +445,15 @@ def _kill(process: subprocess.Popen) -> None:
         process.wait(timeout=5)
     except Exception:  # noqa: BLE001
         pass
+
+
+def _kind_of_job(folder: Path) -> str:
+    """The device kind of a build's program, from its job's weight layout ("cpu" when it cannot be read)."""
+    try:
+        weights = json.loads((folder / "job.json").read_text())["weights"]
+        return next((str(w[3]).split(":")[0] for w in weights.values() if not str(w[3]).startswith("cpu")), "cpu")
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return "cpu"
 
 
 def _read_usage(folder: Path) -> Dict[str, Any]:

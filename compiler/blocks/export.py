@@ -29,7 +29,8 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 import torch
 
 from ..backends import package_builds
-from ..backends.aot import PACKAGE_CONFIG, AotGraph, Built, _guards_from, build_package, read_built
+from ..backends.aot import (PACKAGE_CONFIG, AotGraph, Built, _guards_from, build_package, read_built,
+                            refuse_where_the_loader_crashes)
 from ..quiet import third_party_quiet
 from ..backends.base import BuildLabel, CompileFailed, PackageInfo
 from ..flat_module import FlatForward, dump_out_spec
@@ -182,6 +183,7 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
     becomes a note. `forward(module, *args, **kwargs)` is what is traced
     (the family's `block_forward`), with `tracing(module)` entered around the trace.
     """
+    refuse_where_the_loader_crashes(key.family.device)
     progress("tracing with torch.export", 0.05)
     package_builds.prestart()  # its build process starts Python and torch while this process traces
     traced = trace_block(module, call, bounds, key, forward, tracing)
@@ -207,6 +209,7 @@ class BlockBuild:
                  forward: Callable = _own_forward,
                  tracing: Callable[[torch.nn.Module], ContextManager] = _as_it_is):
         self.call, self.bounds, self.key = call, bounds, key
+        refuse_where_the_loader_crashes(key.family.device)
         traced = functools.partial(block_for_build, module, call, bounds, key, forward, tracing)
         # The CPU level is picked in the build process (Inductor's probe compiles test programs: not here).
         self.build = package_builds.start_traced(traced, list(call.tensors), dict(PACKAGE_CONFIG), label, probe=True)

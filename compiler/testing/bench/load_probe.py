@@ -14,7 +14,9 @@ runs, each in a process of its own (a crash ends that one only, with its signal 
 - `pack_flux_blocks` (optional): the pack's block path on a real-width Flux (the check's crash).
 
 Each writes one JSON line: its steps, the package's files (a proxy-executor .json beside the .so?), the
-outputs' difference from eager. `--gdb a,b` runs those under gdb where the machine has it, for the C stack.
+outputs' difference from eager. `--gdb a,b` runs those under gdb (or cuda-gdb, all the lent GPU machines have) for the C stack;
+`VARIANT+pipcuda` runs a variant with CUDA_HOME set to the CUDA runtime wheel's folder beside torch (are the
+toolkit's headers the cause?).
 
     python -m compiler.testing.bench.load_probe --device cuda --out DIR [--only a,b] [--timeout S]
 """
@@ -32,6 +34,21 @@ import time
 import zipfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+
+PIP_CUDA = "pipcuda"  # "VARIANT+pipcuda": CUDA_HOME set to the CUDA runtime wheel's folder beside torch
+
+
+def pip_cuda_home() -> Optional[Path]:
+    """The folder of the CUDA runtime wheel torch was installed with (nvidia/cu13, nvidia/cuda_runtime), where it
+    has the headers; None where there is none."""
+    import torch
+
+    site = Path(torch.__file__).resolve().parent.parent / "nvidia"
+    for candidate in [site / "cu13", site / "cuda_runtime", *sorted(site.glob("cu*"))]:
+        if (candidate / "include" / "cuda_runtime_api.h").is_file():
+            return candidate
+    return None
+
 
 VARIANTS = ("torch_default", "torch_weightless", "pack_build_child", "pack_whole", "pack_flux_blocks")
 
@@ -250,18 +267,28 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _child(options.child, options.device, options.work)
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
-    gdb = shutil.which("gdb")
+    gdb = shutil.which("gdb") or shutil.which("cuda-gdb")  # the lent GPU machines have only cuda-gdb
     under_gdb = set(options.gdb.split(",")) if gdb else set()
     work = Path(tempfile.mkdtemp(prefix="keepfast-load-probe-"))
     processes = {}
     for name in [n for n in options.only.split(",") if n]:
+        base, _, how = name.partition("+")
+        env = dict(os.environ)
+        if how == PIP_CUDA:  # the package built against the CUDA headers torch's own runtime wheel brings
+            home = pip_cuda_home()
+            if home is None:
+                print(f"{name}: no CUDA runtime wheel folder beside torch; not run", flush=True)
+                continue
+            env["CUDA_HOME"] = str(home)
         command = [sys.executable, "-m", "compiler.testing.bench.load_probe", "--out", str(out), "--device",
-                   options.device, "--child", name, "--work", str(work)]
+                   options.device, "--child", base, "--work", str(work / name)]
+        (work / name).mkdir(parents=True, exist_ok=True)
         if name in under_gdb:
             command = [gdb, "-q", "-batch", "-ex", "handle SIGPIPE SIGUSR1 SIGUSR2 nostop noprint", "-ex", "run",
                        "-ex", "bt 40", "--args"] + command
         log = open(out / f"{name}.log", "w")
-        processes[name] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd()), log)
+        processes[name] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd(), env=env),
+                           log)
     deadline = time.monotonic() + options.timeout
     summary: Dict[str, Any] = {"gdb": gdb, "under_gdb": sorted(under_gdb), "device": options.device, "variants": {}}
     for name, (process, log) in processes.items():

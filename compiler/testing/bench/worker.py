@@ -429,14 +429,38 @@ def partial_path(result_path: Path) -> Path:
     return result_path.with_suffix(".partial.json")
 
 
+def _print_stacks_later(seconds: float) -> None:
+    """Print every thread's Python stack after `seconds`, from a Python thread (holding the GIL).
+
+    Not faulthandler.dump_traceback_later: on the lent H100 (2026-11-27) two jobs, in Inductor's compile, died
+    with SIGSEGV within 0.2 s of its dump (frames "<shim>" and "<interpreter trampoline>" in it): it reads other
+    threads' frames without the GIL. This waits for the GIL instead, so a thread that holds it delays the
+    stacks; that thread's own stack is then printed as it is when it lets go."""
+    import threading
+
+    def dump() -> None:
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        lines = [f"Stacks after {seconds:.0f} s (the time limit is near):"]
+        for ident, frame in sys._current_frames().items():
+            if ident == threading.get_ident():
+                continue
+            lines.append(f"Thread {names.get(ident, ident)}:")
+            lines += [line.rstrip() for line in traceback.format_stack(frame)]
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+    timer = threading.Timer(seconds, dump)
+    timer.daemon = True
+    timer.start()
+
+
 def main(argv: List[str]) -> int:
     job_path, result_path = Path(argv[0]), Path(argv[1])
     job = json.loads(job_path.read_text())
     if job.get("dump_after_s"):  # where a long compile is when the parent's time limit comes
         import faulthandler
 
-        faulthandler.enable()
-        faulthandler.dump_traceback_later(float(job["dump_after_s"]), exit=False)
+        faulthandler.enable()  # a crash prints the stacks as it happens
+        _print_stacks_later(float(job["dump_after_s"]))
     checkpoint = (lambda result: _write(partial_path(result_path), result)) if job.get("checkpoints") else \
         (lambda result: None)
     try:

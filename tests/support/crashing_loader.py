@@ -1,0 +1,16 @@
+"""torch's AOTInductor package loader made to crash as it did on the lent H100 (torch 2.11+cu130, 2026-11-27):
+the process that constructs one dies with SIGSEGV. Used by the child scripts beside this file
+(tests/test_loader_check.py); this machine has no GPU whose loader crashes."""
+
+import os
+import signal
+
+import torch
+
+
+def _crash(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def install() -> None:
+    torch._C._aoti.AOTIModelPackageLoader = _crash
