@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple
 import torch
 
 from . import build_cores
-from .backends import DEFAULT_BACKEND, CompiledGraph
+from .backends import DEFAULT_BACKEND, CompiledGraph, serving_backend
 from .backends.base import CannotServe, GraphMismatch, Progress
 from .binding import CallBinder, CallDoesNotBind
 from .boundary import Failure, contain, stage
@@ -139,8 +139,9 @@ class CompiledForward:
     def expected_family(self, signature: str, dtype: Optional[torch.dtype] = None) -> FamilyKey:
         """The family a graph needs to serve calls of `signature` to this module (in `dtype`, default its own)."""
         device = self.options.device or module_device(self.module)
+        backend, _ = serving_backend(self.options.backend, str(device))
         return FamilyKey.here(architecture_name(self.module), self.structure(), signature,
-                              dtype or module_dtype(self.module), device, self.options.backend)
+                              dtype or module_dtype(self.module), device, backend)
 
     def family_for(self, call: FlatCall) -> FamilyKey:
         return self.expected_family(call.signature.id)

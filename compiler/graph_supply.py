@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Dict, Optional, Set, Tuple
 
 from . import build_claims
-from .backends import BackendUnavailable, CompiledGraph, CompileFailed, get_backend
+from .backends import BackendUnavailable, CompiledGraph, CompileFailed, get_backend, serving_backend
 from .backends.base import CompileDeferred, GuardsUnknown, Progress, range_failure
 from .boundary import Failure, stage
 from .forward_builds import ForwardBuilds
@@ -117,9 +117,12 @@ class GraphSupply:
         if outside:
             return None, f"{outside} (declared range: {options.shape_range.describe()})"
         try:
-            backend = get_backend(options.backend)
+            backend = get_backend(family.backend)
         except BackendUnavailable as error:
             return None, str(error)
+        if family.backend != options.backend:  # the aot backend's packages crash this machine's loader
+            _, instead = serving_backend(options.backend, family.device)
+            why = "; ".join(part for part in (why, instead) if part)
         if family.id in self.compile_failed:
             return None, self.compile_failed[family.id] + " (not retried)"
         existing = self.forward.registry.family_graphs(family)

@@ -8,7 +8,7 @@ dependency) and a missing one is reported with its reason, not a crash.
 from __future__ import annotations
 
 import importlib
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .base import Backend, BackendUnavailable, CompiledGraph, CompileFailed, PackageInfo
 
@@ -59,6 +59,24 @@ def get_backend(name: str) -> Backend:
     return _INSTANCES[name]
 
 
+def serving_backend(name: str, device: str) -> Tuple[str, Optional[str]]:
+    """(the backend that compiles `name`'s graphs on `device` ("cuda:0", or a family's "cuda-sm90"), why not
+    `name` itself, or None).
+
+    Where torch's AOTInductor package loader crashed on this machine for the device's kind
+    (loader_check.py), the aot backend's packages cannot be loaded: its graphs are compiled by torch.compile in
+    this process instead (the inductor backend: as fast, not saved)."""
+    if name != "aot":
+        return name, None
+    from . import loader_check
+
+    kind = str(device).split(":")[0].split("-")[0]  # "cuda:0", or a family's "cuda-sm90"
+    refused = loader_check.refusal(kind)
+    if refused is None:
+        return name, None
+    return "inductor", f"{refused}; compiled by torch.compile in this process instead (not saved)"
+
+
 def unavailable_reason(name: str) -> Optional[str]:
     try:
         get_backend(name)
@@ -69,5 +87,5 @@ def unavailable_reason(name: str) -> Optional[str]:
 
 __all__ = [
     "Backend", "BackendUnavailable", "CompiledGraph", "CompileFailed", "PackageInfo",
-    "DEFAULT_BACKEND", "backend_names", "get_backend", "register_backend", "unavailable_reason",
+    "DEFAULT_BACKEND", "backend_names", "get_backend", "register_backend", "serving_backend", "unavailable_reason",
 ]

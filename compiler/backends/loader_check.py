@@ -11,9 +11,10 @@ so a GPU package is never loaded here before one loaded in another process of th
 - a package this process did not see built (a saved graph at a restart, another machine's graph) is loaded
   first by `python package_loader.py PACKAGE` in a process of its own, once per machine;
 - the verdict is kept per machine (device kind, torch and CUDA versions, GPU, driver) in
-  package-loader.json beside the trust list: once a loader crashed, no GPU graph of that kind is compiled
-  (minutes of build for a package that cannot load) or loaded, and the model runs eager with the reason; once
-  one loaded, later loads run here at once. Another torch or driver is another machine: asked again.
+  package-loader.json beside the trust list: once a loader crashed, no package of that kind is built (minutes
+  for a package that cannot load) or loaded; a whole model's graphs are compiled by torch.compile in this process
+  instead (backends.serving_backend: as fast, not saved), transformer blocks run eager, each with the reason.
+  Once one loaded, later loads run here at once. Another torch or driver is another machine: asked again.
 
 A CPU package is loaded here as before (it has loaded on every machine the pack ran on); KEEPFAST_LOADER_CHECK=all
 checks those too (the tests use it: this machine has no GPU).
@@ -140,8 +141,8 @@ def crash_reason(kind: str, returncode: int, where: str) -> str:
     except ValueError:
         name = f"signal {-returncode}"
     return (f"torch's AOTInductor package loader crashed ({name}) {where} on this machine "
-            f"({machine_key(kind)}); {kind} graphs are not compiled or loaded here, the model runs eager "
-            f"(torch.compile is not affected; {CHECK_ENV}=0 loads them anyway once the loader is fixed)")
+            f"({machine_key(kind)}); {kind} packages are not built or loaded here ({CHECK_ENV}=0 loads them "
+            "anyway, once the loader is fixed)")
 
 
 def refusal(kind: str) -> Optional[str]:

@@ -309,8 +309,10 @@ def main(folder: str) -> int:
         target = os.path.join(folder, "graph.partial.pt2")
         torch._inductor.aoti_compile_and_package(program, package_path=target, inductor_configs=configs)
         phases = _phases(started, loaded, time.perf_counter() - BEGUN)
+        _write_usage(folder, phases)  # first: a load that kills this process leaves where the build's time went
         checked = _load_first(folder, target, _kind(job["weights"]))
-        _write_usage(folder, {**phases, **checked})
+        if checked:
+            _write_usage(folder, {**phases, **checked})
         os.replace(target, os.path.join(folder, "graph.pt2"))  # whole, or not there
         return 0
     except BaseException as error:  # noqa: BLE001 - the parent reads the reason from error.txt

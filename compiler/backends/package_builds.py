@@ -338,7 +338,8 @@ class PackageBuild:
         kind = self._loaded_kind()
         reason = loader_check.crash_reason(kind, code, f"loading the {kind} graph its build process had just built")
         loader_check.record(kind, False, reason)
-        log.warning("%s", reason)
+        self.usage = _read_usage(self.folder)  # the build itself had ended: where its time went
+        log.warning("%s (the build's phases, s: %s)", reason, self.usage.get("phase_s", "not written"))
         return reason
 
     def _reason(self) -> str:
