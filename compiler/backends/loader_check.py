@@ -22,7 +22,6 @@ checks those too (the tests use it: this machine has no GPU).
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import json
 import logging
@@ -34,6 +33,9 @@ from pathlib import Path
 from typing import Dict, NamedTuple, Optional
 
 import torch
+
+from .. import file_lock
+from ..atomic import write_bytes
 
 log = logging.getLogger("keepfast")
 
@@ -109,29 +111,15 @@ def record(kind: str, loads: bool, reason: str) -> None:
     key = machine_key(kind)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(path.with_name(path.name + ".lock")):
+        with file_lock.held(path.with_name("." + path.name + ".lock")):
             data = _read()
             if isinstance(data.get(key), dict) and data[key].get("loads") is False and loads:
                 return  # a crash seen once stands: one package loading does not make the loader safe
             data[key] = {"loads": loads, "reason": reason,
                          "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-            partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-            partial.write_text(json.dumps(data, indent=1))
-            os.replace(partial, path)
+            write_bytes(path, json.dumps(data, indent=1).encode())
     except OSError as error:
         log.warning("could not keep the package loader's verdict in %s: %s", path, error)
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path):
-    import fcntl
-
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def crash_reason(kind: str, returncode: int, where: str) -> str:

@@ -39,17 +39,15 @@ def _say(started: float, text: str) -> None:
     print(f"[{time.perf_counter() - started:7.1f} s] {text}", flush=True)
 
 
-class GpuMemory:
-    """Polls `nvidia-smi` for each process's GPU memory while a build runs (the peak per pid, in MiB)."""
+class _Poller:
+    """A daemon thread calling `poll()` every `interval` s between `with` entry and exit."""
 
-    def __init__(self, interval: float = 0.25):
+    def __init__(self, interval: float):
         self.interval = interval
-        self.peaks: Dict[int, int] = {}
-        self.available = True
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpu-memory", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=type(self).__name__, daemon=True)
 
-    def __enter__(self) -> "GpuMemory":
+    def __enter__(self):
         self._thread.start()
         return self
 
@@ -58,61 +56,66 @@ class GpuMemory:
         self._thread.join(5)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
-                                      "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                                     timeout=10).stdout
-            except (OSError, subprocess.SubprocessError):
-                self.available = False
-                return
-            for line in out.splitlines():
-                try:
-                    pid, used = (int(part.strip()) for part in line.split(","))
-                except ValueError:
-                    continue
-                self.peaks[pid] = max(self.peaks.get(pid, 0), used)
+        while not self._stop.is_set() and self.poll():
             self._stop.wait(self.interval)
 
+    def poll(self) -> bool:
+        """One look; False stops the polling."""
+        raise NotImplementedError
 
-class BuildWatch:
+
+class GpuMemory(_Poller):
+    """Polls `nvidia-smi` for each process's GPU memory while a build runs (the peak per pid, in MiB)."""
+
+    def __init__(self, interval: float = 0.25):
+        super().__init__(interval)
+        self.peaks: Dict[int, int] = {}
+        self.available = True
+
+    def poll(self) -> bool:
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                                  "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                                 timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            self.available = False
+            return False
+        for line in out.splitlines():
+            try:
+                pid, used = (int(part.strip()) for part in line.split(","))
+            except ValueError:
+                continue
+            self.peaks[pid] = max(self.peaks.get(pid, 0), used)
+        return True
+
+
+class BuildWatch(_Poller):
     """Records every background build of this process as it goes: label, where its trace ran, its processes, the
     states it went through (package_builds keeps a build only until it is taken in)."""
 
     def __init__(self, interval: float = 0.1):
-        self.interval = interval
+        super().__init__(interval)
         self.builds: Dict[int, Dict[str, Any]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="build-watch", daemon=True)
 
-    def __enter__(self) -> "BuildWatch":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
+    def poll(self) -> bool:
         from ...backends import package_builds
 
-        while not self._stop.is_set():
-            with package_builds._lock:
-                live = list(package_builds._live)
-            for build in live:
-                entry = self.builds.setdefault(id(build), {"label": str(build.label.owner_id), "states": {},
-                                                           "trace_pids": [], "build_pids": []})
-                entry["trace_process"] = build.trace_process
-                entry["trace_note"] = build.trace_note
-                tracer = getattr(build, "tracer", None)
-                if tracer is not None and tracer.pid not in entry["trace_pids"]:
-                    entry["trace_pids"].append(tracer.pid)
-                process = getattr(build, "process", None)
-                if process is not None and process.pid not in entry["build_pids"]:
-                    entry["build_pids"].append(process.pid)
-                view = build.view()
-                entry["states"][view.state] = round(view.running_s, 2)
-            self._stop.wait(self.interval)
+        with package_builds._lock:
+            live = list(package_builds._live)
+        for build in live:
+            entry = self.builds.setdefault(id(build), {"label": str(build.label.owner_id), "states": {},
+                                                       "trace_pids": [], "build_pids": []})
+            entry["trace_process"] = build.trace_process
+            entry["trace_note"] = build.trace_note
+            tracer = getattr(build, "tracer", None)
+            if tracer is not None and tracer.pid not in entry["trace_pids"]:
+                entry["trace_pids"].append(tracer.pid)
+            process = getattr(build, "process", None)
+            if process is not None and process.pid not in entry["build_pids"]:
+                entry["build_pids"].append(process.pid)
+            view = build.view()
+            entry["states"][view.state] = round(view.running_s, 2)
+        return True
 
     def rows(self) -> List[Dict[str, Any]]:
         return list(self.builds.values())

@@ -319,21 +319,9 @@ def _steady_lock(path: Optional[str]):
     """A context that holds `path` locked (fcntl) while steady-state pairs are timed; nothing without a path."""
     import contextlib
 
-    @contextlib.contextmanager
-    def held():
-        if not path:
-            yield
-            return
-        import fcntl
+    from ... import file_lock
 
-        with open(path, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-
-    return held
+    return (lambda: file_lock.held(path)) if path else contextlib.nullcontext
 
 
 def _finish(result, variant, count, registry, wrapper, watcher, job, cuda) -> Dict[str, Any]:
