@@ -38,7 +38,13 @@ def checked(monkeypatch, tmp_path):
     monkeypatch.setenv(loader_check.VERDICTS_ENV, str(tmp_path / "package-loader.json"))
     runs = []
     real = loader_check.subprocess.run
-    monkeypatch.setattr(loader_check.subprocess, "run", lambda command, **kw: runs.append(command) or real(command, **kw))
+
+    def run(command, **kw):
+        if isinstance(command, list) and len(command) > 1 and command[1] == str(loader_check.CHILD):
+            runs.append(command)  # a check process (not the compilers torch.compile runs)
+        return real(command, **kw)
+
+    monkeypatch.setattr(loader_check.subprocess, "run", run)
     return runs
 
 

@@ -23,6 +23,7 @@ checks those too (the tests use it: this machine has no GPU).
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import logging
 import os
@@ -30,7 +31,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, NamedTuple, Optional
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -76,8 +77,10 @@ def _driver() -> str:
         return "unknown"
 
 
+@functools.lru_cache(maxsize=8)
 def machine_key(kind: str) -> str:
-    """What the verdict depends on: the device kind, torch, its CUDA, the GPU and the driver."""
+    """What the verdict depends on: the device kind, torch, its CUDA, the GPU and the driver (asked once per
+    process: the GPU's name and the driver's version are driver calls)."""
     parts = [kind, f"torch {torch.__version__}"]
     if kind == "cuda":
         parts.append(f"cuda {torch.version.cuda}")
@@ -97,11 +100,20 @@ def _read() -> Dict[str, dict]:
         return {}
 
 
+_seen: Dict[Tuple[str, str], Verdict] = {}  # (verdicts file, machine key): a verdict once read or recorded here
+
+
 def known(kind: str) -> Optional[Verdict]:
-    entry = _read().get(machine_key(kind))
+    """This machine's verdict for `kind`, None while nobody has seen a package of it load or crash here. Once
+    found it is kept in memory (asked on every model call): a verdict only changes by `record`."""
+    seen = (str(verdicts_path()), machine_key(kind))
+    if seen in _seen:
+        return _seen[seen]
+    entry = _read().get(seen[1])
     if not isinstance(entry, dict) or not isinstance(entry.get("loads"), bool):
         return None
-    return Verdict(entry["loads"], str(entry.get("reason", "")))
+    _seen[seen] = Verdict(entry["loads"], str(entry.get("reason", "")))
+    return _seen[seen]
 
 
 def record(kind: str, loads: bool, reason: str) -> None:
@@ -118,6 +130,7 @@ def record(kind: str, loads: bool, reason: str) -> None:
             data[key] = {"loads": loads, "reason": reason,
                          "at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
             write_bytes(path, json.dumps(data, indent=1).encode())
+            _seen[(str(path), key)] = Verdict(data[key]["loads"], data[key]["reason"])
     except OSError as error:
         log.warning("could not keep the package loader's verdict in %s: %s", path, error)
 
