@@ -27,6 +27,7 @@ FILE_SECONDS: Dict[str, float] = {  # a CI-like run of 2026-11-26 (main suite 25
     "tests/test_api_sequences.py": 348,
     "tests/test_real_depth.py": 291,
     "tests/test_spawned_trace.py": 250,
+    "tests/test_loader_check.py": 240,  # added 2026-11-27, one run alone (not in that CI-like run)
     "tests/test_blocks.py": 210,
     "tests/test_build_book.py": 198,
     "tests/test_graph_parts.py": 196,
