@@ -375,3 +375,12 @@ def test_a_job_near_its_limit_prints_the_stacks_from_a_python_thread(capsys):
     _waiting_here()
     err = capsys.readouterr().err
     assert "Stacks after 0 s" in err and "in _waiting_here" in err, err
+
+
+def test_a_row_whose_graphs_are_not_packages_says_why():
+    """Where the package loader crashed (loader_check.py), ours is served by torch.compile: the row says so."""
+    job = next(j for j in check.plan(models=["sd15"]) if j.variant == "ours_aot_cold")
+    reason = "sd15: torch's AOTInductor package loader crashed (SIGSEGV) ...; compiled by torch.compile instead"
+    row = check._row(job, {"first_call_s": 3.0, "events": [{"kind": "compile", "reason": reason}]})
+    assert row["status"] == "ok" and row["why"] == "no AOTInductor package: " + reason
+    assert "why" not in check._row(job, {"first_call_s": 3.0, "events": [{"kind": "compile", "reason": "first"}]})

@@ -184,6 +184,10 @@ def _row(job: CheckJob, result: Optional[Dict[str, Any]]) -> Dict[str, Any]:
                    why=str(result["error"]).strip().splitlines()[0][:300], partial=bool(result.get("partial")))
     else:
         row["status"] = "ok"
+        instead = next((e["reason"] for e in result.get("events") or [] if "package loader crashed" in e["reason"]),
+                       None)
+        if instead:  # ours ran, but not from packages: what it ran instead (loader_check.py) is the row's news
+            row["why"] = "no AOTInductor package: " + instead[:240]
     steady = next(iter((result.get("steady") or {}).values()), None)
     cut = result.get("sweep_cut")
     row.update({
