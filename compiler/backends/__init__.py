@@ -70,8 +70,7 @@ def serving_backend(name: str, device: str) -> Tuple[str, Optional[str]]:
         return name, None
     from . import loader_check
 
-    kind = str(device).split(":")[0].split("-")[0]  # "cuda:0", or a family's "cuda-sm90"
-    refused = loader_check.refusal(kind)
+    refused = loader_check.refusal(loader_check.kind_of(device))
     if refused is None:
         return name, None
     return "inductor", f"{refused}; compiled by torch.compile in this process instead (not saved)"

@@ -339,7 +339,7 @@ def _package_kind(folder: Path) -> str:
 def refuse_where_the_loader_crashes(device: str) -> None:
     """CompileFailed with the reason where torch's package loader crashed on this machine for `device`'s kind
     (loader_check.py): a graph that cannot be loaded is not traced and built (minutes) for nothing."""
-    reason = loader_check.refusal(torch.device(device).type)
+    reason = loader_check.refusal(loader_check.kind_of(device))  # a family's device: "cuda-sm90"
     if reason:
         raise CompileFailed(reason)
 
@@ -356,7 +356,7 @@ def _load_runner(folder: Path, package_bytes: bytes, wiring: Optional[dict] = No
     kind = _package_kind(folder)
     if loader_check.applies(kind):  # loaded in a process of its own first, until one loaded on this machine
         path = folder / "graph.pt2"
-        if not path.is_file():
+        if loader_check.known(kind) is None and not path.is_file():  # a check process reads a .pt2 file
             path.write_bytes(package_bytes)
         refused = loader_check.before_load(kind, path)
         if refused:

@@ -52,6 +52,11 @@ class Verdict(NamedTuple):
     reason: str  # what was seen, for the log and the fallback's reason
 
 
+def kind_of(device: str) -> str:
+    """The device kind of "cuda:0", a torch.device, or a graph family's "cuda-sm90"."""
+    return str(device).split(":")[0].split("-")[0]
+
+
 def applies(kind: str) -> bool:
     """Whether packages of device kind `kind` are loaded elsewhere before they are loaded here."""
     setting = os.environ.get(CHECK_ENV, "")
