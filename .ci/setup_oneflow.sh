@@ -161,7 +161,7 @@ printf '%s\n' "$CONSTRAINTS" > "$CONSTRAINTS_FILE"
 pipi() {
   local t0=$SECONDS
   log "pip install $*"
-  "$PY" -m pip install --progress-bar off -c "$CONSTRAINTS_FILE" "$@" 2>&1 \
+  "$PY" -m pip install --progress-bar off --no-compile -c "$CONSTRAINTS_FILE" "$@" 2>&1 \
     | { grep -v "^WARNING: Location '" || true; } >&2
   log "  done in $((SECONDS - t0)) s"
 }

@@ -34,6 +34,7 @@ from typing import Callable, Iterable, NoReturn, Optional
 import torch
 
 from .. import extraction
+from . import child_priority
 
 log = logging.getLogger(__name__)
 
@@ -250,10 +251,7 @@ def _become_child(parent: int, niced: bool = False) -> None:
     if os.getppid() != parent:  # the parent died before the signal was set
         raise _ParentGone()
     if not niced:
-        try:
-            os.nice(10)
-        except OSError:
-            pass
+        child_priority.lower()
     torch.set_num_threads(1)
 
 

@@ -48,18 +48,11 @@ def _load_first(folder: str, package: str, kind: str) -> dict:
     setting = os.environ.get("KEEPFAST_LOADER_CHECK", "")
     if setting == "0" or (kind == "cpu" and setting != "all"):
         return {}
-    import importlib.util
-
     began = time.perf_counter()
     mark = os.path.join(folder, "loading")
     with open(mark, "w") as handle:
         handle.write(kind)
-    spec = importlib.util.spec_from_file_location("keepfast_package_loader",
-                                                  os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                               "package_loader.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.load_all(package)
+    _sibling("package_loader").load_all(package)
     os.remove(mark)
     return {"load_check_s": round(time.perf_counter() - began, 2)}
 
@@ -72,6 +65,17 @@ def _weights(spec: dict):
         tensor = torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device=device)
         made[name] = torch.nn.Parameter(tensor, requires_grad=False) if parameter else tensor
     return made
+
+
+def _sibling(name: str):
+    """A standalone module beside this script (this process does not import the pack), loaded by its path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"keepfast_{name}",
+                                                  os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 _job = {"folder": None, "watched": False}  # this process's build folder once it has one; the lifeline watched
@@ -277,10 +281,7 @@ def _probe_isa(kept: str) -> None:
 def main(folder: str) -> int:
     _stop_when_the_parent_is_gone(folder)
     _bound_memory(folder)
-    try:
-        os.nice(10)
-    except (AttributeError, OSError):  # not POSIX, or not allowed: build at the same priority
-        pass
+    _sibling("child_priority").lower()
     try:
         import torch
 

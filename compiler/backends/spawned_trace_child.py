@@ -11,17 +11,17 @@ and hands over to its `child_main`, which never returns.
 import importlib
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 
 
 def main(folder: Path) -> None:
     job = json.loads((folder / "trace-job.json").read_text())
-    try:
-        os.nice(10)
-    except OSError:
-        pass
+    spec = importlib.util.spec_from_file_location("keepfast_child_priority",
+                                                  Path(__file__).with_name("child_priority.py"))
+    priority = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(priority)
+    priority.lower()
     sys.path[:] = job["sys_path"]
     for name, (origin, locations) in job["packages"].items():
         if name in sys.modules:

@@ -1,0 +1,33 @@
+"""The priority of the pack's own processes (graph builds, traces): below the model's, so that an image in
+progress keeps the cores it uses and a build takes what is left.
+
+KEEPFAST_BUILD_NICE says how far below, as `nice` counts (0 to 19; default 10; 0 runs them at the caller's
+priority: a GPU machine whose CPU the model leaves idle can build at full priority). Standalone (no imports
+from the pack): build processes load it by its path.
+"""
+
+from __future__ import annotations
+
+import os
+
+NICE_ENV = "KEEPFAST_BUILD_NICE"
+DEFAULT_NICENESS = 10
+
+
+def niceness() -> int:
+    """How much the pack's processes lower their priority: KEEPFAST_BUILD_NICE where it is 0-19, else 10."""
+    configured = os.environ.get(NICE_ENV, "").strip()
+    if configured.isdigit() and int(configured) <= 19:
+        return int(configured)
+    return DEFAULT_NICENESS
+
+
+def lower() -> None:
+    """Lower this process's priority by `niceness()`; where the system refuses, it runs at its current one."""
+    step = niceness()
+    if step <= 0:
+        return
+    try:
+        os.nice(step)
+    except (AttributeError, OSError):  # not POSIX, or not allowed
+        pass
