@@ -7,10 +7,5 @@
 #   bash .ci/gpu_check.sh [more bench options, e.g. --models sd15,flux]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?OUT must name the folder whose files come back}"
-ls .whl/*.whl > /dev/null || { echo "no .whl/*.whl: run .ci/gpu_wheels.sh here and carry .whl" >&2; exit 2; }
-SITE=$(mktemp -d "${TMPDIR:-/tmp}/keepfast-site-XXXXXX")
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl
-export PYTHONPATH="$SITE:$PWD"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+. .ci/gpu_site.sh
 exec python3 -m compiler bench --device cuda --check --out "$OUT/check" "$@"

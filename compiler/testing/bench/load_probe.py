@@ -14,11 +14,14 @@ runs, each in a process of its own (a crash ends that one only, with its signal 
 - `pack_flux_blocks` (optional): the pack's block path on a real-width Flux (the check's crash).
 
 Each writes one JSON line: its steps, the package's files (a proxy-executor .json beside the .so?), the
-outputs' difference from eager. `--gdb a,b` runs those under gdb (or cuda-gdb, all the lent GPU machines have) for the C stack;
-`VARIANT+pipcuda` runs a variant with CUDA_HOME set to the CUDA runtime wheel's folder beside torch (are the
-toolkit's headers the cause?).
+outputs' difference from eager. `--gdb a,b` runs those under gdb (or cuda-gdb, all the lent GPU machines have) for
+the C stack.
 
-    python -m compiler.testing.bench.load_probe --device cuda --out DIR [--only a,b] [--timeout S]
+`--stages` instead builds torch's default package once (`torch_build`) and loads it one step per process
+(load_stages.py: dlopen alone, the container runner, the package loader), each with a C-stack printer preloaded,
+after a CPU package's build and load on the same machine (`cpu_control`), and records the machine's facts.
+
+    python -m compiler.testing.bench.load_probe --device cuda --out DIR [--only a,b | --stages] [--timeout S]
 """
 
 from __future__ import annotations
@@ -35,22 +38,10 @@ import zipfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-PIP_CUDA = "pipcuda"  # "VARIANT+pipcuda": CUDA_HOME set to the CUDA runtime wheel's folder beside torch
-
-
-def pip_cuda_home() -> Optional[Path]:
-    """The folder of the CUDA runtime wheel torch was installed with (nvidia/cu13, nvidia/cuda_runtime), where it
-    has the headers; None where there is none."""
-    import torch
-
-    site = Path(torch.__file__).resolve().parent.parent / "nvidia"
-    for candidate in [site / "cu13", site / "cuda_runtime", *sorted(site.glob("cu*"))]:
-        if (candidate / "include" / "cuda_runtime_api.h").is_file():
-            return candidate
-    return None
-
+from . import load_stages
 
 VARIANTS = ("torch_default", "torch_weightless", "pack_build_child", "pack_whole", "pack_flux_blocks")
+STAGED_PACKAGE = "torch_build.pt2"  # --stages: torch's default package, built once for every step's process
 
 
 def _model(device: str, dtype):
@@ -145,6 +136,9 @@ def variant(name: str, device: str, work: Path) -> Dict[str, Any]:
     if name == "pack_flux_blocks":
         return _flux_blocks(device, work, result)
     module, args = _model(device, dtype)
+    if name in load_stages.STAGES:
+        result["steps"] = load_stages.run_stage(name, work.parent / STAGED_PACKAGE, work, device, list(args))
+        return result
     with torch.no_grad():
         want = module(*args)
     steps.append("eager")
@@ -168,6 +162,12 @@ def variant(name: str, device: str, work: Path) -> Dict[str, Any]:
         ep = _export(module, args)
         steps.append("exported")
         path = work / f"{name}.pt2"
+        if name == "torch_build":  # --stages: built here, loaded by the stages' processes
+            torch._inductor.aoti_compile_and_package(ep, package_path=str(work.parent / STAGED_PACKAGE))
+            result["files"] = _files(work.parent / STAGED_PACKAGE)
+            result["seconds"] = round(time.perf_counter() - started, 1)
+            steps.append("built in this process")
+            return result
         if name == "torch_default":
             torch._inductor.aoti_compile_and_package(ep, package_path=str(path))
             steps.append("built in this process")
@@ -251,6 +251,59 @@ def _child(name: str, device: str, work: str) -> int:
     return 0
 
 
+class _Runs:
+    """The probe's child processes: started with their log, waited for, their results kept in load_probe.json."""
+
+    def __init__(self, out: Path, work: Path, device: str, under_gdb: set, gdb: Optional[str],
+                 summary: Dict[str, Any]):
+        self.out, self.work, self.device, self.summary = out, work, device, summary
+        self.under_gdb, self.gdb = under_gdb, gdb
+        self.running: Dict[str, tuple] = {}
+
+    def start(self, name: str, device: Optional[str] = None, base: Optional[str] = None,
+              preload: Optional[Path] = None) -> None:
+        env = dict(os.environ)
+        if preload is not None:
+            env["LD_PRELOAD"] = " ".join(p for p in (str(preload), env.get("LD_PRELOAD", "")) if p)
+        command = [sys.executable, "-m", "compiler.testing.bench.load_probe", "--out", str(self.out), "--device",
+                   device or self.device, "--child", base or name, "--work", str(self.work / name)]
+        (self.work / name).mkdir(parents=True, exist_ok=True)
+        if name in self.under_gdb:
+            command = [self.gdb, "-q", "-batch", "-ex", "handle SIGPIPE SIGUSR1 SIGUSR2 nostop noprint", "-ex",
+                       "run", "-ex", "bt 40", "--args"] + command
+        log = open(self.out / f"{name}.log", "w")
+        self.running[name] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd(),
+                                               env=env), log)
+
+    def finish_all(self, deadline: float) -> None:
+        for name, (process, log) in list(self.running.items()):
+            try:
+                process.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            log.close()
+            del self.running[name]
+            text = (self.out / f"{name}.log").read_text(errors="replace")
+            found = [line[7:] for line in text.splitlines() if line.startswith("RESULT ")]
+            entry = json.loads(found[-1]) if found else {"variant": name, "error": "no result",
+                                                         "steps_reached": [line[5:] for line in text.splitlines()
+                                                                           if line.startswith("STEP ")],
+                                                         "log_tail": text[-2500:]}
+            entry["returncode"] = process.returncode
+            if "Segmentation fault" in text or process.returncode in (-11, -6, -7):
+                entry["crash_log_tail"] = text[-4000:]
+            self.summary["variants"][name] = entry
+            print(f"{name}: rc {process.returncode}; " + json.dumps({k: v for k, v in entry.items()
+                                                                      if k not in ("crash_log_tail", "stack",
+                                                                                   "log_tail")}, default=str)[:1500],
+                  flush=True)
+            self.write()
+
+    def write(self) -> None:
+        (self.out / "load_probe.json").write_text(json.dumps(self.summary, indent=1, default=str))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m compiler.testing.bench.load_probe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -260,6 +313,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--timeout", type=float, default=170.0)
     parser.add_argument("--gdb", default="", help="variants to run under gdb (where the machine has it), for the C "
                                                   "stack of a crash")
+    parser.add_argument("--stages", action="store_true", help="torch's default package loaded one step per process "
+                                                                   "(load_stages.py), with the machine's facts")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--work", default=None, help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
@@ -270,47 +325,29 @@ def main(argv: Optional[List[str]] = None) -> int:
     gdb = shutil.which("gdb") or shutil.which("cuda-gdb")  # the lent GPU machines have only cuda-gdb
     under_gdb = set(options.gdb.split(",")) if gdb else set()
     work = Path(tempfile.mkdtemp(prefix="keepfast-load-probe-"))
-    processes = {}
-    for name in [n for n in options.only.split(",") if n]:
-        base, _, how = name.partition("+")
-        env = dict(os.environ)
-        if how == PIP_CUDA:  # the package built against the CUDA headers torch's own runtime wheel brings
-            home = pip_cuda_home()
-            if home is None:
-                print(f"{name}: no CUDA runtime wheel folder beside torch; not run", flush=True)
-                continue
-            env["CUDA_HOME"] = str(home)
-        command = [sys.executable, "-m", "compiler.testing.bench.load_probe", "--out", str(out), "--device",
-                   options.device, "--child", base, "--work", str(work / name)]
-        (work / name).mkdir(parents=True, exist_ok=True)
-        if name in under_gdb:
-            command = [gdb, "-q", "-batch", "-ex", "handle SIGPIPE SIGUSR1 SIGUSR2 nostop noprint", "-ex", "run",
-                       "-ex", "bt 40", "--args"] + command
-        log = open(out / f"{name}.log", "w")
-        processes[name] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd(), env=env),
-                           log)
-    deadline = time.monotonic() + options.timeout
     summary: Dict[str, Any] = {"gdb": gdb, "under_gdb": sorted(under_gdb), "device": options.device, "variants": {}}
-    for name, (process, log) in processes.items():
+    deadline = time.monotonic() + options.timeout
+    runs = _Runs(out, work, options.device, under_gdb, gdb, summary)
+    if options.stages:
+        preload = load_stages.c_stack_preload(work)
+        summary["c_stack_preload"] = str(preload) if preload else "not built (no gcc?)"
+        runs.start("cpu_control", device="cpu", base="torch_default")  # does a CPU package load on this machine?
+        runs.start("torch_build")
+        runs.finish_all(deadline)
+        package = work / STAGED_PACKAGE
         try:
-            process.wait(max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
-        text = (out / f"{name}.log").read_text(errors="replace")
-        found = [line[7:] for line in text.splitlines() if line.startswith("RESULT ")]
-        entry = json.loads(found[-1]) if found else {"variant": name, "error": "no result",
-                                                     "log_tail": text[-2500:]}
-        entry["returncode"] = process.returncode
-        if "Segmentation fault" in text or process.returncode == -11:
-            entry["segfault_log_tail"] = text[-3000:]
-        summary["variants"][name] = entry
-        print(f"{name}: rc {process.returncode}; " + json.dumps({k: v for k, v in entry.items()
-                                                                  if k not in ("segfault_log_tail", "stack",
-                                                                               "log_tail")}, default=str)[:1500],
-              flush=True)
-        (out / "load_probe.json").write_text(json.dumps(summary, indent=1, default=str))
+            library = load_stages.model_library(package, work / "facts") if package.is_file() else None
+        except Exception:  # noqa: BLE001 - the facts are kept without the library's
+            library = None
+        summary["facts"] = load_stages.machine_facts(library)
+        runs.write()
+        for stage in load_stages.STAGES if package.is_file() else ():
+            runs.start(stage, preload=preload)
+            runs.finish_all(deadline)
+    else:
+        for name in [n for n in options.only.split(",") if n]:
+            runs.start(name)
+        runs.finish_all(deadline)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 
