@@ -378,8 +378,9 @@ def _child_options(extra_env: Dict[str, str]) -> Dict[str, Any]:
     what this process left (package_build_child.py). A session of its own: a terminal's Ctrl-C reaches ComfyUI,
     which stops the build itself, and cancelling kills the build's compiler processes with it (the whole group)."""
     lifeline = _lifeline_read_end()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-           LIFELINE_ENV: str(lifeline), "KEEPFAST_SWEEPER": str(SWEEPER), **extra_env}
+    env = {"TRITON_CACHE_DIR": str(kernel_cache()), **os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), LIFELINE_ENV: str(lifeline),
+           "KEEPFAST_SWEEPER": str(SWEEPER), **extra_env}
     return dict(env=env, pass_fds=(lifeline,), start_new_session=True)
 
 
@@ -515,6 +516,16 @@ def isa_cache() -> Path:
     configured = os.environ.get(ISA_CACHE_ENV)
     base = Path(configured) if configured else default_trust_path().with_name("inductor-isa-probe")
     return base / torch.__version__.replace("+", "_")
+
+
+def kernel_cache() -> Path:
+    """Where build processes keep Triton's compiled GPU kernels (TRITON_CACHE_DIR, unless the user set it): beside
+    the ISA probe's folder. Each build has a fresh Inductor cache (two builds of one graph at once must not read
+    each other's files), and Triton's cache lives inside it by default, so every build compiled every kernel again,
+    a kernel that an earlier build of the same model, another block structure or another shape range had compiled
+    included. Triton keys a kernel by its source, options and target and writes each entry whole (a temporary
+    file, then a rename), so builds share it safely."""
+    return isa_cache().parent.with_name("triton-kernels") / isa_cache().name
 
 
 def program_device(ep: "torch.export.ExportedProgram", layout: Optional[Dict[str, list]] = None) -> str:

@@ -1,4 +1,5 @@
-"""Build and trace processes lower their priority by KEEPFAST_BUILD_NICE (default 10; 0: the caller's)."""
+"""What build and trace processes start with: a priority lowered by KEEPFAST_BUILD_NICE (default 10; 0: the
+caller's), and Triton's kernel cache kept across builds (a build's own Inductor cache is fresh)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,16 @@ def test_a_child_lowers_its_priority_by_the_setting(setting, step):
     niceness, imported_the_pack = out.stdout.split()
     assert int(niceness) == min(19, here + step)
     assert imported_the_pack == "False"
+
+
+def test_builds_share_a_kept_triton_kernel_cache_unless_the_user_chose_one(monkeypatch, tmp_path):
+    from compiler.backends import package_builds
+
+    monkeypatch.setenv("KEEPFAST_ISA_CACHE", str(tmp_path / "isa"))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    env = package_builds._child_options({"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "build" / "cache")})["env"]
+    kept = Path(env["TRITON_CACHE_DIR"])
+    assert kept == package_builds.kernel_cache() and kept.parent == tmp_path / "triton-kernels"
+    assert not kept.is_relative_to(tmp_path / "build")  # outlives the build's folder
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    assert package_builds._child_options({})["env"]["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
