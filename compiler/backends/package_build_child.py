@@ -71,8 +71,8 @@ def _sibling(name: str):
     """A standalone module beside this script (this process does not import the pack), loaded by its path."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"keepfast_{name}",
-                                                  os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"keepfast_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -204,7 +204,9 @@ def _bound_memory(folder: str) -> None:
 PHASES = {
     "aot_trace": "create_aot_dispatcher_function",  # AOTInductor's own trace of the exported program
     "lowering": "GraphLowering.run",
-    "scheduling": "Scheduler.__init__",
+    "scheduling": "Scheduler.__init__",  # inside codegen (GraphLowering.codegen makes the scheduler)
+    # For a GPU program AOTInductor also waits for Triton's kernel builds and tunes them in codegen (the autotune
+    # block it runs before writing the C++ wrapper); torch.compile waits for them later (async_compile.wait).
     "codegen": "GraphLowering.codegen",
     "cpp_build": "AotCodeCompiler.compile",  # the C++ wrapper and kernels, compiled and linked
 }

@@ -19,7 +19,8 @@ ROWS = (
     ("aot_trace_s", "AOT autograd trace of the graph"),
     ("lowering_s", "Inductor lowering"),
     ("scheduling_s", "Inductor scheduling and fusion"),
-    ("codegen_s", "Inductor code generation"),
+    ("codegen_s", "Inductor code generation (scheduling included; ours on a GPU: Triton's kernel builds and "
+                  "tuning too)"),
     ("cpp_build_s", "C++ build (ours: wrapper and kernels; torch.compile: waiting for kernel builds)"),
     ("parts", "parts built side by side (ours)"),
 )
