@@ -8,10 +8,11 @@
 #     CUDA build of 2.11 (about 4.6 GB, a minute to install here); KEEPFAST_SKIP_TORCH211=1 skips it;
 #  3. the OneFlow backend tests in .venv-oneflow (Python 3.10, oneflow 0.9.0), built by
 #     .ci/setup_oneflow.sh (several minutes and 8.5 GB the first time, seconds after).
-# The environments of 2 and 3 are installed while the main suite runs, at the lowest CPU and disk priority and
-# without pip's bytecode compile (torch 2.11's install took 148 s of a core with it, 99 s without; Python compiles
-# what a test imports): on this 2-core machine they otherwise took a core from the main suite's first, slowest
-# files. Their logs are shown when an install fails.
+# The environments of 2 and 3 are installed while the main suite runs, at the lowest CPU and disk priority (the
+# test workers come first) and without pip's bytecode compile (torch 2.11's install took 148 s of a core with it,
+# 99 s without; Python compiles what a test imports). The main suite took 2771 s so, 2783 s before: it keeps both
+# cores busy (98% on this machine) with its compiles, which is where its time goes. Their logs are shown when an
+# install fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv

@@ -154,6 +154,27 @@ UNET_CONFIGS: Dict[str, Dict[str, Any]] = {
     },
 }
 
+# The real models' configs (comfy.model_detection's keys for the released checkpoints), for the GPU runs
+# (compiler/testing/bench/comfy_gpu.py): SD1.5's UNet, and Flux dev at full width, built with REAL_FLUX_BLOCKS
+# (1 double + 2 single, as the device check builds it, of the real 19 + 38). With their text features' real widths.
+REAL_UNET_CONFIGS: Dict[str, Dict[str, Any]] = {
+    "sd15": {
+        "image_size": 32, "in_channels": 4, "out_channels": 4, "model_channels": 320, "num_res_blocks": [2, 2, 2, 2],
+        "channel_mult": [1, 2, 4, 4], "transformer_depth": [1, 1, 1, 1, 1, 1, 0, 0],
+        "transformer_depth_output": [1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0], "transformer_depth_middle": 1,
+        "use_spatial_transformer": True, "context_dim": 768, "use_linear_in_transformer": False, "legacy": False,
+        "adm_in_channels": None, "use_temporal_resblock": False, "use_temporal_attention": False,
+    },
+    "flux": {
+        "image_model": "flux", "in_channels": 16, "out_channels": 16, "patch_size": 2, "vec_in_dim": 768,
+        "context_in_dim": 4096, "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "depth": 19,
+        "depth_single_blocks": 38, "axes_dim": [16, 56, 56], "theta": 10000, "qkv_bias": True, "guidance_embed": True,
+        "txt_ids_dims": [], "yak_mlp": False, "txt_norm": False,
+    },
+}
+REAL_WIDTHS: Dict[str, Dict[str, int]] = {"sd15": {"context": 768}, "flux": {"txt": 4096, "pooled": 768}}
+REAL_FLUX_BLOCKS = (1, 2)  # (double, single): the device check's Flux, full width
+
 _SUPPORTED = {  # family -> class name in comfy.supported_models
     "sd15": "SD15", "sdxl": "SDXL",
     "flux": "Flux", "chroma": "Chroma", "sd3": "SD3", "auraflow": "AuraFlow", "wan": "WAN21_T2V", "wan-i2v": "WAN21_I2V",
@@ -199,20 +220,23 @@ def _randn(shape, generator: torch.Generator) -> torch.Tensor:
     return torch.randn(shape, generator=generator, dtype=torch.float32)
 
 
-def _conditioning_fn(name: str) -> Callable[[int, int], list]:
+def _conditioning_fn(name: str, widths: Optional[Dict[str, int]] = None) -> Callable[[int, int], list]:
+    """[[cond, extras]] of random features; `widths` (REAL_WIDTHS) for a real-width model."""
+    widths = widths or {}
+
     def make(tokens: int, seed: int) -> list:
         if tokens < 1:
             raise ValueError("text_tokens must be >= 1, got %d" % tokens)
         g = torch.Generator().manual_seed(seed)
         extras: Dict[str, Any] = {"pooled_output": None}
         if name == "sd15":
-            cond = _randn((1, tokens, _SD_CONTEXT), g)  # CLIP gives 77 tokens per prompt chunk
+            cond = _randn((1, tokens, widths.get("context", _SD_CONTEXT)), g)  # CLIP: 77 tokens per prompt chunk
         elif name == "sdxl":
             cond = _randn((1, tokens, _SD_CONTEXT), g)
             extras["pooled_output"] = _randn((1, _SDXL_POOLED), g)  # width/height default to 768, as ComfyUI's
         elif name == "flux":
-            cond = _randn((1, tokens, _TXT), g)
-            extras.update(pooled_output=_randn((1, _POOLED), g), guidance=3.5)  # FluxGuidance default
+            cond = _randn((1, tokens, widths.get("txt", _TXT)), g)
+            extras.update(pooled_output=_randn((1, widths.get("pooled", _POOLED)), g), guidance=3.5)  # FluxGuidance
         elif name == "sd3":
             cond = _randn((1, tokens, _SD3_TXT), g)
             extras["pooled_output"] = _randn((1, _SD3_POOLED), g)
@@ -280,21 +304,27 @@ def _init_rest(module: torch.nn.Module, seed: int) -> None:
                 covered.add(id(param))
 
 
-def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> TinyFamily:
+def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32, real: bool = False) -> TinyFamily:
     """Build the tiny model of one family (CPU) wrapped in a ModelPatcher, as load_diffusion_model does.
 
     `dtype` is the weights' dtype as ComfyUI's `--bf16-unet` / `--fp16-unet` set it (no manual cast):
     the dtype real checkpoints run in, which a float32 test would not exercise. float8 weights
     (`--fp8_e4m3fn-unet`, fp8 checkpoints) compute in bfloat16: ComfyUI's manual cast, per layer and call.
+    `real`: the real model's config and text widths (REAL_UNET_CONFIGS; Flux with REAL_FLUX_BLOCKS), for GPUs.
     """
-    if name not in UNET_CONFIGS:
-        raise ValueError("unknown family %r; known: %s" % (name, ", ".join(TEMPLATE_FAMILIES + UNET_FAMILIES)))
+    configs = REAL_UNET_CONFIGS if real else UNET_CONFIGS
+    if name not in configs:
+        raise ValueError("unknown family %r; known: %s" % (name, ", ".join(
+            configs if real else TEMPLATE_FAMILIES + UNET_FAMILIES)))
     _comfy()
     import comfy.model_management
     import comfy.model_patcher
     import comfy.supported_models
 
-    model_config = getattr(comfy.supported_models, _SUPPORTED[name])(dict(UNET_CONFIGS[name]))
+    config = dict(configs[name])
+    if real and name == "flux":
+        config.update(depth=REAL_FLUX_BLOCKS[0], depth_single_blocks=REAL_FLUX_BLOCKS[1])
+    model_config = getattr(comfy.supported_models, _SUPPORTED[name])(config)
     manual_cast = torch.bfloat16 if dtype in _FLOAT8 else None
     model_config.set_inference_dtype(dtype, manual_cast)
     model = model_config.get_model({})
@@ -312,7 +342,7 @@ def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> TinyF
     return TinyFamily(
         name=name, patcher=patcher, video=name in ("wan", "wan-i2v", "hunyuan-video", "ltxv"),
         latent_channels=model_config.latent_format.latent_channels,
-        _latent=_latent_fn(name), _conditioning=_conditioning_fn(name))
+        _latent=_latent_fn(name), _conditioning=_conditioning_fn(name, REAL_WIDTHS.get(name) if real else None))
 
 
 def sample(family: TinyFamily, positive, negative, latent: torch.Tensor, steps: int = 2, cfg: float = 2.0,

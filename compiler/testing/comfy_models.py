@@ -52,7 +52,9 @@ _LORA_SUFFIXES = (
 )
 
 
-def _comfy():
+def _comfy(gpu: bool = False):
+    """ComfyUI importable, on the CPU unless `gpu` (ComfyUI reads --cpu once, when comfy.model_management is
+    first imported: after that the device it chose stays)."""
     path = os.environ.get("COMFYUI_PATH")
     if not path:
         sys.exit("COMFYUI_PATH is not set")
@@ -60,7 +62,8 @@ def _comfy():
         sys.path.insert(0, path)
     import comfy.cli_args
 
-    comfy.cli_args.args.cpu = True  # before comfy.model_management is imported
+    if "comfy.model_management" not in sys.modules:
+        comfy.cli_args.args.cpu = not gpu
     import comfy.ops  # noqa: F401
 
 

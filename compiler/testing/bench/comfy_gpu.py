@@ -1,0 +1,199 @@
+"""ComfyUI on a GPU (issue 36, item 5): the pack loaded as ComfyUI loads it, the real SD1.5 UNet and Flux (full
+width) in ComfyUI's own classes with random weights, sampled through `comfy.sample` with and without the Model
+Speedup node; then the same under ComfyUI's partial loading (a reserved VRAM size that leaves room for about half
+the model's weights: the rest stay in CPU memory and move in per call).
+
+Run in ComfyUI's Python (COMFYUI_PATH set), one process:
+
+    python -m compiler.testing.bench.comfy_gpu --out DIR [--device cuda|cpu] [--models sd15,flux] [--tiny]
+
+Writes DIR/comfy_gpu.json, a row per model and mode (full, partial): eager's and ours' per-step milliseconds (the
+median of a second, timed sample), the first sample's seconds with the compile, the largest difference of the
+final latent from eager's (and its scale), compiles, loads and fallbacks with their reasons, graph and eager calls,
+and under partial loading the layers ComfyUI left in CPU memory. `--tiny` (the tests' tiny configs) and
+`--device cpu` rehearse it on a CPU, where ComfyUI never loads a model partly (that row says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+REPOSITORY = Path(__file__).resolve().parents[3]
+BLOCKING_BUILD = "before the first image"  # the node's build choice that compiles before the first image
+# (width, height, batch, text tokens, steps) per model: the issue's sizes; --tiny: small ones
+SIZES = {"sd15": (512, 512, 2, 77), "flux": (1024, 1024, 1, 256)}
+TINY_SIZES = {"sd15": (64, 64, 2, 77), "flux": (128, 128, 1, 32)}
+DTYPES = {"sd15": "float16", "flux": "bfloat16"}
+PARTIAL_SHARE = 0.5  # the share of the model's weights the reserved VRAM leaves room for
+
+
+def _comfy(device: str, base: str):
+    """ComfyUI imported for `device` with `base` as its --base-directory; (pack's package name, its nodes)."""
+    sys.path.insert(0, os.environ["COMFYUI_PATH"])
+    import comfy.cli_args
+
+    comfy.cli_args.args.cpu = device == "cpu"
+    comfy.cli_args.args.base_directory = base
+    from ..comfy_pack import load_pack
+
+    return load_pack(str(REPOSITORY))
+
+
+class _StepTimer:
+    """KSampler's per-step callback: the wall time of each step (the device synchronised first)."""
+
+    def __init__(self, cuda: bool):
+        self.cuda, self.marks = cuda, []
+
+    def __call__(self, step, x0, x, total) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        self.marks.append(time.perf_counter())
+
+    def step_ms(self) -> Optional[float]:
+        gaps = [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]
+        return round(statistics.median(gaps), 2) if gaps else None
+
+
+def _timed_sample(F, family, model, inputs: dict, steps: int, cuda: bool):
+    """(final latent, seconds, median step ms) of one sample like KSampler's."""
+    timer = _StepTimer(cuda)
+    started = time.perf_counter()
+    out = F.sample(family, inputs["positive"], inputs["negative"], inputs["latent"], steps=steps, seed=3,
+                   model=model, callback=timer)
+    if cuda:
+        import torch
+
+        torch.cuda.synchronize()
+    return out, round(time.perf_counter() - started, 3), timer.step_ms()
+
+
+def _served(name: str, nodes_unet, blocks, fast, diffusion_model) -> Dict[str, int]:
+    """Calls served by graphs and eager so far: the UNet's CompiledForward, or the block engine's."""
+    if name == "sd15":
+        runner = nodes_unet.runner_of(fast)
+        forward = runner.forward_for(diffusion_model) if runner is not None else None
+        return {"graph_calls": getattr(forward, "graph_calls", 0), "eager_calls": getattr(forward, "eager_calls", 0)}
+    engine = blocks.existing_engine(diffusion_model)
+    return {"graph_calls": engine.graph_calls if engine else 0, "eager_calls": engine.eager_calls if engine else 0}
+
+
+def _offloaded_layers(diffusion_model) -> int:
+    """Layers whose weights ComfyUI left off the compute device (cast in per call)."""
+    return sum(1 for m in diffusion_model.modules() if getattr(m, "comfy_cast_weights", False)
+               and getattr(getattr(m, "weight", None), "device", None) is not None and m.weight.device.type == "cpu")
+
+
+def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, steps: int) -> List[Dict[str, Any]]:
+    """The model sampled eager and through the node, whole on the device, then partly loaded."""
+    import torch
+
+    import comfy.model_management as mm
+
+    from .. import comfy_families as F
+
+    runtime = sys.modules[package + ".nodes.runtime"]
+    nodes_unet = sys.modules[package + ".nodes.unet"]
+    blocks = sys.modules[package + ".nodes.blocks"]
+    registry = runtime.registry()
+    cuda = device.startswith("cuda")
+    dtype = getattr(torch, DTYPES[name]) if cuda else torch.float32
+    started = time.perf_counter()
+    family = F.build(name, seed=0, dtype=dtype, real=not tiny)
+    width, height, batch, tokens = (TINY_SIZES if tiny else SIZES)[name]
+    inputs = {"positive": family.conditioning(tokens, seed=1), "negative": family.conditioning(tokens, seed=2),
+              "latent": family.latent(width, height, batch=batch)}
+    built_s = round(time.perf_counter() - started, 1)
+    diffusion_model = family.patcher.model.diffusion_model
+    weights_mb = sum(p.numel() * p.element_size() for p in diffusion_model.parameters()) / 2 ** 20
+    with torch.inference_mode():
+        fast = nodes["KeepFastModelSpeedup"].execute(
+            model=family.patcher, min_resolution=min(width, height), max_resolution=max(width, height),
+            max_batch_size=batch, compile=True, save_compiled=False, backend="aot", build=BLOCKING_BUILD).args[0]
+    rows, reserved = [], mm.EXTRA_RESERVED_VRAM
+    for mode in ("full", "partial"):
+        row: Dict[str, Any] = {"model": name, "mode": mode, "device": device, "dtype": str(dtype),
+                               "size": [width, height, batch, tokens], "steps": steps, "built_s": built_s,
+                               "weights_mb": round(weights_mb)}
+        if mode == "partial":
+            if not cuda:
+                row["skipped"] = "ComfyUI loads a model partly on a GPU only (on a CPU its VRAM state is DISABLED)"
+                rows.append(row)
+                break
+            mm.unload_all_models()
+            # ComfyUI loads what fits in the free memory less its inference reserve (which this raises): the share
+            # it loaded is read back below (loaded_share)
+            free = mm.get_free_memory(mm.get_torch_device())
+            mm.EXTRA_RESERVED_VRAM = max(0, int(free - weights_mb * 2 ** 20 * PARTIAL_SHARE
+                                                - mm.minimum_inference_memory()))
+            row["reserved_vram_mb"] = round(mm.EXTRA_RESERVED_VRAM / 2 ** 20)
+        mark, counts = len(registry.events), dict(registry.log.counts)
+        eager_first, eager_first_s, _ = _timed_sample(F, family, family.patcher, inputs, steps, cuda)
+        want, _, eager_ms = _timed_sample(F, family, family.patcher, inputs, steps, cuda)
+        row["eager_offloaded_layers"] = _offloaded_layers(diffusion_model)
+        served = _served(name, nodes_unet, blocks, fast, diffusion_model)
+        got_first, first_s, _ = _timed_sample(F, family, fast, inputs, steps, cuda)
+        got, _, ours_ms = _timed_sample(F, family, fast, inputs, steps, cuda)
+        row["ours_offloaded_layers"] = _offloaded_layers(diffusion_model)
+        row["loaded_share"] = round(fast.loaded_size() / max(1, fast.model_size()), 3)
+        after = _served(name, nodes_unet, blocks, fast, diffusion_model)
+        events = registry.events[mark:]
+        row.update(
+            eager_first_sample_s=eager_first_s, eager_step_ms=eager_ms, ours_first_sample_s=first_s,
+            ours_step_ms=ours_ms, speedup=round(eager_ms / ours_ms, 3) if eager_ms and ours_ms else None,
+            max_abs_diff=float((got.float() - want.float()).abs().max()),
+            first_max_abs_diff=float((got_first.float() - eager_first.float()).abs().max()),
+            scale=float(want.float().abs().max()), finite=bool(torch.isfinite(got).all()),
+            events={k: registry.log.counts.get(k, 0) - counts.get(k, 0) for k in
+                    ("compile", "load", "fallback", "refused", "mismatch")},
+            reasons=[f"{e.kind}: {e.reason}"[:400] for e in events if e.kind in ("compile", "fallback", "refused",
+                                                                                    "mismatch")][:12],
+            graph_calls=after["graph_calls"] - served["graph_calls"],
+            eager_calls=after["eager_calls"] - served["eager_calls"])
+        if cuda:
+            row["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / 2 ** 20)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    mm.EXTRA_RESERVED_VRAM = reserved
+    mm.unload_all_models()
+    return rows
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m compiler.testing.bench.comfy_gpu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--models", default="sd15,flux")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--tiny", action="store_true", help="the tests' tiny configs (a CPU rehearsal)")
+    options = parser.parse_args(argv)
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = tempfile.mkdtemp(prefix="keepfast-comfy-gpu-")
+    package, nodes = _comfy(options.device, base)
+    report: Dict[str, Any] = {"device": options.device, "tiny": options.tiny, "rows": []}
+    for name in [m for m in options.models.split(",") if m]:
+        try:
+            report["rows"] += run_model(name, package, nodes, options.device, options.tiny, options.steps)
+        except Exception as error:  # noqa: BLE001 - the next model still runs; the report says what failed
+            import traceback
+
+            report["rows"].append({"model": name, "error": f"{type(error).__name__}: {error}"[:1500],
+                                   "stack": traceback.format_exc()[-3000:]})
+        (out / "comfy_gpu.json").write_text(json.dumps(report, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
