@@ -75,7 +75,10 @@ def spatial_multiples(module: torch.nn.Module, shape: Sequence[int], spatial_dim
     """For a tensor input's spatial dims: dim -> (multiple, lowest k, highest k) where its size is traced as
     multiple * k, k in [low, high]. The multiple is `declared` (ShapeRange.spatial_multiple) or else the
     module's own (`axis_multiples`). Only dims whose multiple is over 1, whose size in this call is a multiple
-    of it and whose range holds at least one multiple; the rest stay free (an empty dict when off)."""
+    of it and whose range holds at least two multiples; the rest stay free (an empty dict when off). A range of
+    one multiple (a node's minimum and maximum resolution set equal) is a fixed size: torch.export refuses a
+    `Dim` whose minimum equals its maximum, which had failed the compile with "Cannot create Dim with
+    inconsistent min=4, max=4"."""
     if not enabled():
         return {}
     multiples = (declared,) * AXES if declared is not None else axis_multiples(module)
@@ -88,6 +91,6 @@ def spatial_multiples(module: torch.nn.Module, shape: Sequence[int], spatial_dim
         multiple = multiples[axis]
         low, high = bounds.get(dim, (shape[dim], shape[dim]))
         k_low, k_high = -(-low // multiple), high // multiple
-        if multiple > 1 and shape[dim] % multiple == 0 and max(1, k_low) <= k_high:
+        if multiple > 1 and shape[dim] % multiple == 0 and max(1, k_low) < k_high:
             out[dim] = (multiple, max(1, k_low), k_high)
     return out

@@ -93,3 +93,21 @@ def test_manifest_guards_name_only_input_sizes(exported):
         for leaf in range(len(call.shapes)):
             rest = rest.replace(f"L['flat'][{leaf}].size()", "")
         assert "L[" not in rest and "stride" not in rest, guard
+
+
+def test_a_range_of_one_size_exports_a_graph_for_that_size():
+    """A node's minimum and maximum resolution set equal (a fixed-size workflow): the spatial sizes are one
+    multiple of the UNet's, which torch.export refuses as a Dim ("Cannot create Dim with inconsistent min=4,
+    max=4", the compile failed and the model ran eager); the graph is for that size, any batch in the range."""
+    unet = tiny_unet(seed=0)
+    args = (torch.randn(2, 4, 16, 16), torch.full((2,), 10.0))
+    kwargs = {"encoder_hidden_states": prompt_embeds(2, 77, 32), "return_dict": False}
+    call = FlatCall(args, kwargs)
+    fixed = ShapeRange(batch=(1, 8), spatial=(16, 16), sequence=(1, 160))
+    ep, _ = export_program(unet, type(unet).forward, call, fixed)
+    guards = GuardSet(_guards_from(ep, call))
+    serves = _torch_serves(ep, ep.module())
+    for batch, height, width in ((2, 16, 16), (5, 16, 16), (2, 24, 16), (2, 16, 8)):
+        shapes = [(batch, 4, height, width), (batch,), (batch, 77, 32)]
+        ours = guards.first_failure(shapes) is None
+        assert ours == serves(shapes) == (height == width == 16), (batch, height, width)

@@ -28,9 +28,11 @@ from typing import Any, Dict, List, Optional
 
 REPOSITORY = Path(__file__).resolve().parents[3]
 BLOCKING_BUILD = "before the first image"  # the node's build choice that compiles before the first image
-# (width, height, batch, text tokens, steps) per model: the issue's sizes; --tiny: small ones
-SIZES = {"sd15": (512, 512, 2, 77), "flux": (1024, 1024, 1, 256)}
-TINY_SIZES = {"sd15": (64, 64, 2, 77), "flux": (128, 128, 1, 32)}
+# (width, height, batch, text tokens, the node's minimum and maximum resolution) per model: the issue's sizes in
+# ranges a user sets; --tiny: small ones, SD1.5's a fixed size (minimum = maximum: a Dim torch.export refuses,
+# alignment.spatial_multiples)
+SIZES = {"sd15": (512, 512, 2, 77, 256, 1024), "flux": (1024, 1024, 1, 256, 512, 1024)}
+TINY_SIZES = {"sd15": (64, 64, 2, 77, 64, 64), "flux": (128, 128, 1, 32, 64, 256)}
 DTYPES = {"sd15": "float16", "flux": "bfloat16"}
 PARTIAL_SHARE = 0.5  # the share of the model's weights the reserved VRAM leaves room for
 
@@ -110,7 +112,7 @@ def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, ste
     dtype = getattr(torch, DTYPES[name]) if cuda else torch.float32
     started = time.perf_counter()
     family = F.build(name, seed=0, dtype=dtype, real=not tiny)
-    width, height, batch, tokens = (TINY_SIZES if tiny else SIZES)[name]
+    width, height, batch, tokens, low, high = (TINY_SIZES if tiny else SIZES)[name]
     inputs = {"positive": family.conditioning(tokens, seed=1), "negative": family.conditioning(tokens, seed=2),
               "latent": family.latent(width, height, batch=batch)}
     built_s = round(time.perf_counter() - started, 1)
@@ -118,12 +120,11 @@ def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, ste
     weights_mb = sum(p.numel() * p.element_size() for p in diffusion_model.parameters()) / 2 ** 20
     with torch.inference_mode():
         fast = nodes["KeepFastModelSpeedup"].execute(
-            model=family.patcher, min_resolution=min(width, height), max_resolution=max(width, height),
-            max_batch_size=batch, compile=True, save_compiled=False, backend="aot", build=BLOCKING_BUILD).args[0]
+            model=family.patcher, min_resolution=low, max_resolution=high, max_batch_size=batch, compile=True, save_compiled=False, backend="aot", build=BLOCKING_BUILD).args[0]
     rows, reserved = [], mm.EXTRA_RESERVED_VRAM
     for mode in ("full", "partial"):
         row: Dict[str, Any] = {"model": name, "mode": mode, "device": device, "dtype": str(dtype),
-                               "size": [width, height, batch, tokens], "steps": steps, "built_s": built_s,
+                               "size": [width, height, batch, tokens], "range": [low, high], "steps": steps, "built_s": built_s,
                                "weights_mb": round(weights_mb)}
         if mode == "partial":
             if not cuda:
