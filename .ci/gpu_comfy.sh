@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# ComfyUI on a lent GPU machine (issue 36, item 5; docs/gpu.md "ComfyUI on the GPU"): the carried wheels installed
+# (.ci/gpu_wheels.sh --comfy made them and .comfyui-src here), then compiler/testing/bench/comfy_gpu.py in the
+# machine's Python with ComfyUI's source: the real SD1.5 UNet and Flux (full width) sampled through comfy.sample
+# with and without Model Speedup, whole and partly loaded. Writes $OUT/comfy/comfy_gpu.json.
+#
+#   bash .ci/gpu_comfy.sh [--models sd15,flux] [--steps N]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -f .comfyui-src/comfy/sample.py ] || { echo "no .comfyui-src: run .ci/gpu_wheels.sh --comfy here and carry it" >&2; exit 2; }
+. .ci/gpu_site.sh
+export COMFYUI_PATH="$PWD/.comfyui-src"
+exec python3 -m compiler.testing.bench.comfy_gpu --out "$OUT/comfy" "$@"
