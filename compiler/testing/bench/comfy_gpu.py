@@ -138,6 +138,8 @@ def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, ste
             mm.EXTRA_RESERVED_VRAM = max(0, int(free - weights_mb * 2 ** 20 * PARTIAL_SHARE
                                                 - mm.minimum_inference_memory()))
             row["reserved_vram_mb"] = round(mm.EXTRA_RESERVED_VRAM / 2 ** 20)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()  # this mode's peak (eager's and ours' samples together)
         mark, counts = len(registry.events), dict(registry.log.counts)
         eager_first, eager_first_s, _ = _timed_sample(F, family, family.patcher, inputs, steps, cuda)
         want, _, eager_ms = _timed_sample(F, family, family.patcher, inputs, steps, cuda)
