@@ -525,7 +525,8 @@ def kernel_cache() -> Path:
     a kernel that an earlier build of the same model, another block structure or another shape range had compiled
     included. Triton keys a kernel by its source, options and target and writes each entry whole (a temporary
     file, then a rename), so builds share it safely."""
-    return isa_cache().parent.with_name("triton-kernels") / isa_cache().name
+    probe = isa_cache()
+    return probe.parent.with_name("triton-kernels") / probe.name
 
 
 def program_device(ep: "torch.export.ExportedProgram", layout: Optional[Dict[str, list]] = None) -> str:

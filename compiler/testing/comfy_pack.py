@@ -27,13 +27,13 @@ def load_pack(pack: str) -> Tuple[str, Dict[str, type]]:
     return name, {node.__name__: node for node in asyncio.run(extension.get_node_list())}
 
 
-def comfy_with_pack(pack: str, base: str) -> Tuple[str, Dict[str, type]]:
-    """ComfyUI on the CPU with `base` as its --base-directory, the pack loaded as ComfyUI loads it, and the
-    pack's folder on sys.path (for compiler.testing): (package name, node classes by name)."""
+def comfy_with_pack(pack: str, base: str, gpu: bool = False) -> Tuple[str, Dict[str, type]]:
+    """ComfyUI on the CPU (on its GPU where `gpu`) with `base` as its --base-directory, the pack loaded as ComfyUI
+    loads it, and the pack's folder on sys.path (for compiler.testing): (package name, node classes by name)."""
     sys.path.insert(0, os.environ["COMFYUI_PATH"])
     import comfy.cli_args
 
-    comfy.cli_args.args.cpu = True
+    comfy.cli_args.args.cpu = not gpu
     comfy.cli_args.args.base_directory = base  # read by folder_paths at import, like --base-directory
     name, nodes = load_pack(pack)
     sys.path.insert(0, pack)

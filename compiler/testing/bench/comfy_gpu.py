@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+
+from ..comfy_pack import comfy_with_pack
 
 REPOSITORY = Path(__file__).resolve().parents[3]
 BLOCKING_BUILD = "before the first image"  # the node's build choice that compiles before the first image
@@ -35,18 +36,6 @@ SIZES = {"sd15": (512, 512, 2, 77, 256, 1024), "flux": (1024, 1024, 1, 256, 512,
 TINY_SIZES = {"sd15": (64, 64, 2, 77, 64, 64), "flux": (128, 128, 1, 32, 64, 256)}
 DTYPES = {"sd15": "float16", "flux": "bfloat16"}
 PARTIAL_SHARE = 0.5  # the share of the model's weights the reserved VRAM leaves room for
-
-
-def _comfy(device: str, base: str):
-    """ComfyUI imported for `device` with `base` as its --base-directory; (pack's package name, its nodes)."""
-    sys.path.insert(0, os.environ["COMFYUI_PATH"])
-    import comfy.cli_args
-
-    comfy.cli_args.args.cpu = device == "cpu"
-    comfy.cli_args.args.base_directory = base
-    from ..comfy_pack import load_pack
-
-    return load_pack(str(REPOSITORY))
 
 
 class _StepTimer:
@@ -184,7 +173,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     base = tempfile.mkdtemp(prefix="keepfast-comfy-gpu-")
-    package, nodes = _comfy(options.device, base)
+    package, nodes = comfy_with_pack(str(REPOSITORY), base, gpu=options.device != "cpu")
     report: Dict[str, Any] = {"device": options.device, "tiny": options.tiny, "rows": []}
     for name in [m for m in options.models.split(",") if m]:
         try:
