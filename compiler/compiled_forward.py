@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 import torch
@@ -27,6 +27,7 @@ import torch
 from . import build_cores
 from .backends import DEFAULT_BACKEND, CompiledGraph, serving_backend
 from .backends.base import CannotServe, GraphMismatch, Progress
+from .backends.cuda_graphs import asked_for as cuda_graphs_asked_for
 from .binding import CallBinder, CallDoesNotBind
 from .boundary import Failure, contain, stage
 from .flat_module import ForwardFn
@@ -68,6 +69,8 @@ class CompileOptions:
     # (docs/background.md).
     # Warmup and Save Graph still wait for theirs.
     background: bool = False
+    # Replay CUDA graphs of the shapes calls repeat (backends/cuda_graphs.py: the aot backend's graphs on a GPU).
+    cuda_graphs: bool = field(default_factory=cuda_graphs_asked_for)
 
     def with_(self, **changes) -> "CompileOptions":
         return replace(self, **changes)
@@ -269,7 +272,7 @@ class CompiledForward:
             try:
                 with stage(f"running graph {graph.key.id}"):
                     started = time.perf_counter()
-                    output = graph.run(self.module, call)
+                    output = graph.run(self.module, call, replay=self.options.cuda_graphs)
                     self._timed("graph", started)
             except GraphMismatch as mismatch:  # the graph now knows; try the next one
                 why = str(mismatch)

@@ -91,8 +91,8 @@ class CastGraph(CompiledGraph):
     def guard_failure(self, module: torch.nn.Module, call: FlatCall) -> Optional[str]:
         return self.inner.guard_failure(module, cast_call(call, self.casts))
 
-    def run(self, module: torch.nn.Module, call: FlatCall) -> Any:
-        return self.inner.run(module, cast_call(call, self.casts))
+    def run(self, module: torch.nn.Module, call: FlatCall, replay: bool = False) -> Any:
+        return self.inner.run(module, cast_call(call, self.casts), replay=replay)
 
     def describe_casts(self, paths: Sequence[str]) -> str:
         return f"graph {self.inner.key.id} with {describe(self.casts, paths)}"

@@ -123,10 +123,12 @@ class ComfyFamily(BlockFamily):
         own.lowvram = LowVramWeights(dtype)
         return own
 
-    def call_tensors(self, module: torch.nn.Module) -> Optional[CallTensors]:
-        """GGUF's per-call deltas and low-VRAM mode's per-call patched weights (nodes/lowvram.py), together."""
-        found = [c for c in (super().call_tensors(module),
-                             self.lowvram.call_tensors(module) if self.lowvram is not None else None) if c]
+    def call_tensors(self, module: torch.nn.Module,
+                     device: Optional[torch.device] = None) -> Optional[CallTensors]:
+        """GGUF's per-call deltas and low-VRAM mode's per-call weights (patched, or moved in from CPU memory:
+        nodes/lowvram.py), together."""
+        found = [c for c in (super().call_tensors(module, device),
+                             self.lowvram.call_tensors(module, device) if self.lowvram is not None else None) if c]
         if len(found) < 2:
             return found[0] if found else None
         return {**found[0][0], **found[1][0]}, found[0][1] or found[1][1]

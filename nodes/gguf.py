@@ -264,7 +264,8 @@ class GGUFWeights(StoredWeights):
         patch_dtype = self.dtype if layer.patch_dtype == "target" else layer.patch_dtype
         return comfy.lora.calculate_weight(patch_list, base, key, patch_dtype).to(self.dtype)
 
-    def call_tensors(self, module: torch.nn.Module) -> Optional[CallTensors]:
+    def call_tensors(self, module: torch.nn.Module,
+                     device: Optional[torch.device] = None) -> Optional[CallTensors]:
         linears = self._linears(module)
         if not linears:
             return None

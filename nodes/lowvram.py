@@ -1,4 +1,4 @@
-"""Blocks ComfyUI patches per call in low-VRAM mode, served by their graph with the patched weights bound.
+"""Blocks ComfyUI patches or moves in per call in low-VRAM mode, served by their graph with those weights bound.
 
 When ComfyUI loads a model partly (low-VRAM mode), a layer it did not load
 gets `weight_function = [LowVramPatch(key, patches)]`: every call casts the
@@ -9,6 +9,12 @@ call: the patched weight, computed exactly as ComfyUI computes it, is bound
 in place of the stored one for that call only and released after it
 (`compiler/blocks/quantised.py`, `call_tensors`). One graph, 0 compiles, at
 any LoRA strength.
+
+A layer whose weights ComfyUI left in CPU memory (the model did not fit:
+`comfy_cast_weights`, weights moved to the GPU on every call) is served the
+same way: its weights are moved to the call's device for that call and bound,
+as ComfyUI's own cast does, then released; the graph is traced from a block
+whose weights all sit where the calls run (compiler/blocks/server.py).
 
 Eager, with the reason: a weight function that is not ComfyUI's LowVramPatch
 (Python the pack does not know), and a patched weight stored in another dtype
@@ -75,15 +81,27 @@ class LowVramWeights:
                             f"and computed in {dtype_name(self.dtype)} (the graph casts stored weights itself)")
         return None
 
-    def call_tensors(self, module: torch.nn.Module) -> Optional[CallTensors]:
-        """The patched weights for this call, under the names the graph binds the stored ones by."""
+    def call_tensors(self, module: torch.nn.Module,
+                     device: Optional[torch.device] = None) -> Optional[CallTensors]:
+        """The weights for a call on `device` that are not the stored ones, under the names the graph binds the
+        stored ones by: the patched ones, and those of layers ComfyUI left in CPU memory (a model loaded partly:
+        `comfy_cast_weights` layers it moves in on every call), moved in for this call only."""
         tensors = {}
         for path, layer in self.layers(module):
             for name, functions in _functions(layer):
-                if not functions or layer._parameters.get(name) is None:
+                stored = layer._parameters.get(name)
+                if stored is None:
                     continue
-                value = layer._parameters[name].to(dtype=self.dtype or layer._parameters[name].dtype, copy=True)
-                for function in functions:  # as comfy.ops.cast_bias_weight applies them
+                away = (device is not None and stored.device != device and getattr(layer, "comfy_cast_weights", False)
+                        and subclass_parts(stored) is None)  # a subclass is bound by its parts: it stays, and eager
+                if not functions and not away:
+                    continue
+                # as comfy.ops.cast_bias_weight does: moved to the call's device (without waiting where the memory is
+                # pinned: the copy is ordered before the graph on the stream), cast, then patched there
+                value = stored.to(device=device if away else stored.device,
+                                  dtype=(self.dtype or stored.dtype) if functions else stored.dtype,
+                                  non_blocking=away, copy=True)
+                for function in functions:
                     value = function(value)
                 tensors[MODULE_PREFIX + (f"{path}." if path else "") + name] = value
         return (tensors, True) if tensors else None

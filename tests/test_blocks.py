@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from compiler import GraphRegistry, compile_pipe
+from compiler.backends.base import WeightsElsewhere
 from compiler.blocks.binding import SharedRunner
 from compiler.blocks.server import BlockServer
 from compiler.diffusers_api import compiled_parts
@@ -163,6 +164,37 @@ def test_another_checkpoint_and_changed_weights_reuse_the_graphs(flux):
         assert float((replaced - changed).abs().max()) > 1e-3  # the new weights were used
     assert len(served.registry.compiles) == compiles
     assert served.registry.fallbacks == [], [e.reason for e in served.registry.fallbacks]
+
+
+def test_a_block_with_a_weight_on_another_device_is_never_bound_to_its_graph(flux):
+    """ComfyUI's partial loading (low-VRAM mode) leaves some layers' weights in CPU memory while the calls run on
+    the GPU; a graph reads its weights by pointer where it runs, so such an instance must run eager with the reason
+    and never be bound, whatever the first weight's device is, and such an instance is never the one traced. No
+    second device here: a weight on the meta device stands for the one left elsewhere (the checks are by device)."""
+    server = next(s for s in flux.engine.servers if s.ready and len(s.instances) > 1)
+    first, second = server.instances[0], server.instances[1]
+    path, layer = [(p, m) for p, m in second.module.named_modules() if isinstance(m, torch.nn.Linear)][-1]
+    stored = layer.weight
+    cpu = torch.device("cpu")
+    try:
+        layer.weight = torch.nn.Parameter(torch.empty_like(stored, device="meta"))  # not the first tensor
+        weights, reason = server._weights_for(second, cpu)
+        assert reason is not None and f"{path}.weight is on meta" in reason, reason
+        with pytest.raises(WeightsElsewhere, match=f"{path}.weight is on meta"):
+            server.runner.run(weights, [], None)  # refused before anything is bound
+        assert server._weights_for(first, cpu)[1] is None
+        assert server._lead(cpu) is first
+        moved = [(p, m) for p, m in first.module.named_modules() if isinstance(m, torch.nn.Linear)][0][1]
+        kept = moved.weight
+        moved.weight = torch.nn.Parameter(torch.empty_like(kept, device="meta"))
+        try:  # the first instance partly elsewhere: the next one whose weights are all here is traced
+            expected = server.instances[2] if len(server.instances) > 2 else None
+            assert server._lead(cpu) is expected
+        finally:
+            moved.weight = kept
+    finally:
+        layer.weight = stored
+    assert server._weights_for(second, cpu)[1] is None  # back: served again
 
 
 def test_a_block_whose_export_raises_runs_eager_with_the_reason(flux):

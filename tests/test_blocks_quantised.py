@@ -72,7 +72,7 @@ class DeltaWeights(StoredWeights):
         finally:
             del block._buffers["delta"]
 
-    def call_tensors(self, module):
+    def call_tensors(self, module, device=None):
         if self.delta is None:
             return {"m.delta": torch.zeros(8, 8)}, False
         return {"m.delta": self.delta}, True

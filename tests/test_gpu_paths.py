@@ -23,6 +23,7 @@ import torch.utils._pytree as pytree
 from compiler import environment, machine_fit
 from compiler.backends import aot, package_builds
 from compiler.backends.base import PackageInfo
+from compiler.backends.base import WeightsElsewhere
 from compiler.blocks.binding import InstanceWeights, SharedRunner
 from compiler.flat_module import dump_out_spec, module_tensors
 from compiler.keys import FamilyKey, GraphKey
@@ -183,6 +184,12 @@ def _gpu_graph(module: torch.nn.Module) -> aot.AotGraph:
     return aot.AotGraph(GraphKey(family, ShapeRange(batch=(1, 2))), _empty_package(), info, origin="loaded")
 
 
+def _on_cuda1(module: torch.nn.Module) -> None:
+    """The module's weights as if moved to cuda:1 (the same CPU memory, saying it is there)."""
+    for name, tensor in list(module.named_parameters()):
+        setattr(module, name, torch.nn.Parameter(tensor.detach().as_subclass(OnCuda1)))
+
+
 def test_the_device_index_of_a_call():
     assert aot.device_index([torch.zeros(1)]) == -1
     assert aot.device_index([torch.zeros(1), SimpleNamespace(device=torch.device("cuda", 1))]) == 1
@@ -194,6 +201,9 @@ def test_a_package_is_loaded_for_the_device_index_its_call_is_on_once_per_index(
     graph = _gpu_graph(module)
     assert [loader.device_index for loader in fake_loader.made] == [0]  # loaded for the current GPU
     x = torch.ones(2, 4).as_subclass(OnCuda1)
+    with pytest.raises(WeightsElsewhere, match="is on cpu, the call runs on cuda:1"):  # weights not moved there
+        graph.run(module, FlatCall((x,), {}))
+    _on_cuda1(module)
     out = graph.run(module, FlatCall((x,), {}))
     assert [loader.device_index for loader in fake_loader.made] == [0, 1]
     home, on_1 = fake_loader.made
@@ -202,8 +212,10 @@ def test_a_package_is_loaded_for_the_device_index_its_call_is_on_once_per_index(
     assert torch.equal(out[0], torch.full((2, 4), 2.0))
     graph.run(module, FlatCall((x,), {}))
     assert len(fake_loader.made) == 2 and on_1.runs == 2  # kept for index 1, its weights bound already
-    graph.run(module, FlatCall((torch.ones(2, 4),), {}))  # no GPU index: the device it was first loaded for
-    assert len(fake_loader.made) == 2 and home.runs == 1
+    # a call from the CPU would get the runner the graph was first loaded for; with weights on cuda:1 it is refused
+    with pytest.raises(WeightsElsewhere, match="is on cuda:1, the call runs on cpu"):
+        graph.run(module, FlatCall((torch.ones(2, 4),), {}))
+    assert len(fake_loader.made) == 2 and home.runs == 0 and home.constants == {}
     assert graph.runner_on(1).loader is on_1 and graph.runner_on(0).loader is home
 
 
@@ -212,8 +224,13 @@ def test_a_block_runs_the_package_loaded_for_its_own_device(fake_loader):
     graph = _gpu_graph(module)
     runner = SharedRunner(graph)
     assert runner.direct
-    weights = InstanceWeights(module)
     x = torch.ones(2, 4).as_subclass(OnCuda1)
+    # its weights still in CPU memory (a model ComfyUI loaded partly): never handed to the GPU's runner
+    with pytest.raises(WeightsElsewhere, match="is on cpu, the call runs on cuda:1"):
+        runner.run(InstanceWeights(module), [x], rebuild=None)
+    assert all(loader.runs == 0 and loader.constants == {} for loader in fake_loader.made)
+    _on_cuda1(module)  # now on the block's GPU
+    weights = InstanceWeights(module)
     runner.run(weights, [x], rebuild=None)
     home, on_1 = fake_loader.made
     assert on_1.device_index == 1 and on_1.runs == 1 and home.runs == 0

@@ -44,7 +44,8 @@ from ..signature import FlatCall
 from ..verify import compare
 from . import aot_parts, loader_check, package_builds, package_loader, program_split
 from .base import (UNLABELLED, Backend, BuildInProcess, BuildLabel, CompileFailed, CompiledGraph, PackageInfo, PendingGraph, Progress,
-                   no_progress)
+                   WeightsElsewhere, call_device, no_progress, weights_elsewhere)
+from .cuda_graphs import Replays
 from .export_guards import exported_shapes, guard_texts
 
 log = logging.getLogger("keepfast")
@@ -211,6 +212,7 @@ class AotGraph(CompiledGraph):
         # and per runner a token of whose tensors it holds now (this graph's run and blocks/binding.py alike).
         self._runners: Dict[int, Any] = {}
         self._bound: Dict[int, object] = {}
+        self._replays: Dict[int, Replays] = {}  # per runner: its CUDA graphs, where calls ask for them
         self._home = -1
         self.build_usage: dict = {}  # a graph built here: its build's peak memory and phase times
         # The unpacked package lives as long as this graph (CUDA kernels are read from it lazily; a runner for
@@ -263,8 +265,9 @@ class AotGraph(CompiledGraph):
             self._runners[index] = runner
         return runner
 
-    def _bind(self, module: torch.nn.Module, index: int) -> Any:
-        """The runner for device `index` with `module`'s tensors bound (not again when they are bound already)."""
+    def _bind(self, module: torch.nn.Module, index: int, device: torch.device) -> Any:
+        """The runner for device `index` with `module`'s tensors bound (not again when they are bound already); a
+        tensor elsewhere than the call's `device` is never bound (`WeightsElsewhere`: the call runs eager)."""
         runner = self.runner_on(index)
         tensors = module_tensors(module)
         try:
@@ -273,19 +276,33 @@ class AotGraph(CompiledGraph):
             raise CompileFailed(f"the module has no tensor {missing.args[0][len(MODULE_PREFIX):]}") from None
         token = (id(module), tuple(t.data_ptr() for t in chosen.values()))
         if token != self._bound.get(index):
+            misplaced = weights_elsewhere(chosen, device)
+            if misplaced:
+                raise WeightsElsewhere(misplaced)
             runner.load_constants(chosen, check_full_update=True, user_managed=True)
             self._bound[index] = token
         return runner
 
-    def run(self, module: torch.nn.Module, call: FlatCall) -> Any:
+    def run(self, module: torch.nn.Module, call: FlatCall, replay: bool = False) -> Any:
         with self._lock:
-            runner = self._bind(module, device_index(call.tensors))
+            device, index = call_device(call.tensors), device_index(call.tensors)
+            runner = self._bind(module, index, device)
             # The package was traced with contiguous inputs and does not check strides:
             # a non-contiguous input would give wrong results silently.
-            outputs = runner([t if t.is_contiguous() else t.contiguous() for t in call.tensors])
+            inputs = [t if t.is_contiguous() else t.contiguous() for t in call.tensors]
+            if replay and device.type == "cuda":
+                replays = self._replays.setdefault(index, Replays())
+                outputs = replays.run(runner, inputs, self._bound.get(index))
+            else:
+                outputs = runner(inputs)
         if isinstance(outputs, torch.Tensor):
             outputs = [outputs]
         return pytree.tree_unflatten(list(outputs), self._out_spec)
+
+    def replay_state(self) -> Dict[str, Any]:
+        """Per device index the graph ran on with CUDA graphs asked for: captures, replays, and why replay is off."""
+        return {str(index): {"captures": r.captures, "replays": r.replays, "off": r.reason}
+                for index, r in self._replays.items()}
 
     def restricted(self, guards: List[str]) -> "AotGraph":
         """The same package with more guards (a narrower range): a new graph variant."""

@@ -66,6 +66,34 @@ class CannotServe(Exception):
     graphs whose weight memory another live module holds): the call runs eagerly with that reason."""
 
 
+class WeightsElsewhere(CannotServe, RuntimeError):
+    """A tensor a graph would read by pointer is not on the device the call runs on (the message names it)."""
+
+
+def call_device(tensors: Sequence[torch.Tensor]) -> torch.device:
+    """The device a call runs on: that of its first tensor not on the CPU (the runner `aot.device_index` picks),
+    else the CPU."""
+    for tensor in tensors:
+        if tensor.device.type != "cpu":
+            return tensor.device
+    return torch.device("cpu")
+
+
+def weights_elsewhere(tensors: Dict[str, torch.Tensor], device: torch.device) -> Optional[str]:
+    """Why these graph tensors (by graph name) cannot be bound for a call on `device`, or None: the first that is
+    elsewhere. A graph reads its weights by pointer where it runs: a weight left in CPU memory (a model ComfyUI
+    loaded partly, low-VRAM mode; a pipeline offloaded layer by layer) handed to a CUDA graph is read as device
+    memory, which crashes or corrupts the process rather than raising."""
+    from ..flat_module import MODULE_PREFIX
+
+    for name, tensor in tensors.items():
+        if tensor is not None and tensor.device != device:
+            shown = name[len(MODULE_PREFIX):] if name.startswith(MODULE_PREFIX) else name
+            return (f"its tensor {shown} is on {tensor.device}, the call runs on {device} (a model loaded partly "
+                    "keeps some weights in CPU memory)")
+    return None
+
+
 class GuardsUnknown(Exception):
     """A graph's guards cannot be checked without running it here (the message says why)."""
 
@@ -98,8 +126,9 @@ class CompiledGraph(ABC):
         """None if this graph serves the call, else the reason it cannot."""
 
     @abstractmethod
-    def run(self, module: torch.nn.Module, call: FlatCall) -> Any:
-        """Run with `module`'s current weights; returns the output structure."""
+    def run(self, module: torch.nn.Module, call: FlatCall, replay: bool = False) -> Any:
+        """Run with `module`'s current weights; returns the output structure. `replay`: the call may be served from
+        a CUDA graph of an earlier call of its shapes (backends/cuda_graphs.py; backends without them ignore it)."""
 
     def guard_failure(self, module: torch.nn.Module, call: FlatCall) -> Optional[str]:
         """Like why_not, for graphs whose guards need the module too; never runs the graph.

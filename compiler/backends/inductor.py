@@ -142,7 +142,7 @@ class InductorGraph(CompiledGraph):
         self._rejected[tuple(call.shapes)] = reason
         return reason
 
-    def run(self, module: torch.nn.Module, call: FlatCall) -> Any:
+    def run(self, module: torch.nn.Module, call: FlatCall, replay: bool = False) -> Any:
         tensors = self._marked(call)
         stance = "fail_on_recompile" if self.ready else "default"
         with self._lock, _dynamic_settings(), torch.compiler.set_stance(stance):

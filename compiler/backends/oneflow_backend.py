@@ -193,7 +193,7 @@ class OneflowGraph(CompiledGraph):
             sync()
             return [to_torch(o) for o in outputs]
 
-    def run(self, module: torch.nn.Module, call: FlatCall) -> Any:
+    def run(self, module: torch.nn.Module, call: FlatCall, replay: bool = False) -> Any:
         if self.nn_graph is None or self.output is None:
             raise RuntimeError("this OneFlow graph was not built")
         outputs = self._execute(module, call)
@@ -267,7 +267,7 @@ class LoadedOneflowGraph(OneflowGraph):
         failed = self._guards.first_failure(call.shapes)
         return None if failed is None else "shape guard " + readable(failed, call.tensor_paths) + " does not hold"
 
-    def run(self, module: torch.nn.Module, call: FlatCall) -> Any:
+    def run(self, module: torch.nn.Module, call: FlatCall, replay: bool = False) -> Any:
         with self._lock:
             if self.nn_graph is None:
                 self._restore(module, call)

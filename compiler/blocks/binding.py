@@ -30,7 +30,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..backends.aot import AotGraph, device_index
-from ..backends.base import CompiledGraph
+from ..backends.base import CompiledGraph, WeightsElsewhere, call_device, weights_elsewhere
 from ..flat_module import MODULE_PREFIX
 from .export import empty_to_none
 from .quantised import CallTensors, subclass_parts
@@ -43,7 +43,7 @@ class InstanceWeights:
     """One block instance's tensors under the names a graph binds, re-checked per call."""
 
     def __init__(self, module: torch.nn.Module,
-                 extra: Optional[Callable[[torch.nn.Module], Optional[CallTensors]]] = None):
+                 extra: Optional[Callable[[torch.nn.Module, Optional[torch.device]], Optional[CallTensors]]] = None):
         self.module = module
         self.serial = next(_SERIALS)
         self._entries: List[Tuple[Dict[str, Any], str, torch.Tensor, int]] = []
@@ -86,12 +86,13 @@ class InstanceWeights:
                 return False
         return True
 
-    def check(self) -> None:
+    def check(self, device: Optional[torch.device] = None) -> None:
+        """Re-collect what changed, then add the family's tensors for a call on `device`."""
         if not self.fresh():
             self.collect()
         if self.extra is None:
             return
-        found = self.extra(self.module)
+        found = self.extra(self.module, device)
         if not found:
             return
         tensors, transient = found
@@ -159,10 +160,18 @@ class SharedRunner:
             self._chosen[weights.serial] = (weights.version, chosen)
         return chosen
 
-    def run(self, weights: InstanceWeights, tensors: Sequence[torch.Tensor], rebuild) -> Any:
-        """Run with `weights` bound; `rebuild(tensors)` gives (args, kwargs) for the generic path."""
-        weights.check()
+    def misplaced(self, weights: InstanceWeights, device: torch.device) -> Optional[str]:
+        """Why `weights` cannot be bound for a call on `device` (`base.weights_elsewhere`), or None; every tensor of
+        the block is checked where the graph's names are not known (another backend's graph)."""
+        names = self._names if self.direct else list(weights.tensors)
+        return weights_elsewhere({name: weights.tensors.get(name) for name in names}, device)
+
+    def run(self, weights: InstanceWeights, tensors: Sequence[torch.Tensor], rebuild, checked: bool = False) -> Any:
+        """Run with `weights` bound; `rebuild(tensors)` gives (args, kwargs) for the generic path. `checked`: the
+        caller has just checked `weights` for this call (per-call tensors are made once a call)."""
         inputs = [t if t.is_contiguous() else t.contiguous() for t in tensors]
+        if not checked:
+            weights.check(call_device(inputs))
         if not self.direct:
             from ..signature import FlatCall
 
@@ -176,6 +185,9 @@ class SharedRunner:
             bound = self.graph._bound
             token = (_BOUND, weights.serial, weights.version)
             if bound.get(index) != token:
+                misplaced = self.misplaced(weights, call_device(inputs))
+                if misplaced:
+                    raise WeightsElsewhere(misplaced)
                 runner.load_constants(self._constants(weights), check_full_update=False, user_managed=True)
                 bound[index] = token
             try:

@@ -51,9 +51,11 @@ class BlockFamily:
         """Entered around tracing `block` (its stored weights traced as the graph needs them)."""
         return self.stored_weights(block).tracing(block)
 
-    def call_tensors(self, module: torch.nn.Module) -> Optional[CallTensors]:
-        """Tensors bound for this call of `module` besides its own (per-call LoRA deltas), or None."""
-        return self.stored_weights(module).call_tensors(module)
+    def call_tensors(self, module: torch.nn.Module,
+                     device: Optional[torch.device] = None) -> Optional[CallTensors]:
+        """Tensors bound for a call of `module` on `device` besides or instead of its own (per-call LoRA deltas), or
+        None."""
+        return self.stored_weights(module).call_tensors(module, device)
 
     def block_inputs(self, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
         """A block call's inputs without bookkeeping a graph does not take (ComfyUI's

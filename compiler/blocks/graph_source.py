@@ -80,7 +80,7 @@ class BlockGraphSource:
                 return None, str(error)
             if not backend.persistent or options.backend != "aot":
                 return None, f"block graphs are built with the aot backend, not {options.backend}"
-            refused = engine.family.why_not_compiled(server.group.modules[0])
+            refused = engine.family.why_not_compiled(server.lead.module)
             if refused:
                 engine.compile_failures[family.id] = f"not compiled: {refused}"
                 return None, f"not compiled: {refused}"
@@ -103,7 +103,7 @@ class BlockGraphSource:
         started = time.perf_counter()
         try:
             graph, notes = engine.exporter(
-                server.group.modules[0], call, bounds, key, progress,
+                server.lead.module, call, bounds, key, progress,
                 check_unit_sizes=lambda candidate, units: server.check_unit_sizes(candidate, units, call),
                 forward=engine.family.block_forward, tracing=engine.family.tracing)
         except Exception as error:  # whatever export or AOTInductor raises: this block runs eager
@@ -235,7 +235,7 @@ class BlockGraphSource:
         family = key.family
         try:
             with third_party_quiet():
-                self.pending = BlockBuild(server.group.modules[0], call, bounds, key,
+                self.pending = BlockBuild(server.lead.module, call, bounds, key,
                                           BuildLabel(owner=engine.label, what=f"block {server.group.class_name}",
                                                      family=family.id, owner_id=f"{engine.label}@{id(engine):x}"),
                                           forward=engine.family.block_forward, tracing=engine.family.tracing)

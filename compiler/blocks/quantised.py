@@ -19,7 +19,7 @@ them. For other forms a family answers through a `StoredWeights`:
 - `why_not(block)`: a stored form the pack cannot trace (said before trying).
 - `tracing(block)`: a context in which the block's own forward traces the
   conversion from the stored tensors (entered around torch.export only).
-- `call_tensors(module)`: tensors bound for this call besides the module's
+- `call_tensors(module, device)`: tensors bound for a call on `device` besides the module's
   own (a LoRA delta per quantised Linear: zeros when no patch is applied, so
   one graph serves LoRA on, off and every strength), and whether they live
   for this call only (computed per call, released after it, as ComfyUI-GGUF
@@ -96,7 +96,8 @@ class StoredWeights:
     def tracing(self, block: torch.nn.Module) -> ContextManager:
         return contextlib.nullcontext()
 
-    def call_tensors(self, module: torch.nn.Module) -> Optional[CallTensors]:
+    def call_tensors(self, module: torch.nn.Module,
+                     device: Optional[torch.device] = None) -> Optional[CallTensors]:
         return None
 
 

@@ -35,6 +35,7 @@ from ..signature import FlatCall, UnsupportedCall
 from ..store import StoreError
 from ..verify import Snapshot, compare, judge, retired_reason, snapshot
 from . import tokens as T
+from ..backends.base import call_device
 from .binding import InstanceWeights, SharedRunner
 from .graph_source import BlockGraphSource
 from .finder import BlockGroup
@@ -82,7 +83,7 @@ class BlockInstance:
         self.module = module
         self.original = module.__dict__.get("forward")  # an instance-level forward someone else set
         self.weights: Optional[InstanceWeights] = None
-        self.checked_version = -1
+        self.checked_version: Any = None  # (weights' version, call device) the reason below was found for
         self.weights_reason: Optional[str] = None
         self.graph_calls = 0
         self.eager_calls = 0
@@ -142,6 +143,7 @@ class BlockServer:
         self._dtypes: Tuple[torch.dtype, ...] = ()
         self._device = None
         self._dtype = None
+        self.lead: Optional[BlockInstance] = None  # the instance traced and checked (`_lead`), once prepared
         self._shape_cache: Dict[tuple, Optional[str]] = {}
         self._recorded: Dict[str, int] = {}
 
@@ -193,9 +195,13 @@ class BlockServer:
         call = FlatCall(*self.normalise(*first), role_policy=lambda path, tensor: roles.get(path, {}))
         self.roles = roles
         self.call_template = call
-        module = self.group.modules[0]
-        weights = InstanceWeights(module, self.engine.family.call_tensors)
-        device, dtype = weights.device_and_dtype()
+        device = call_device(call.tensors)
+        lead = self._lead(device)
+        if lead is None:
+            return (f"every instance has weights outside {device}, where its calls run (ComfyUI loaded the model "
+                    "partly: low-VRAM mode keeps some weights in CPU memory)")
+        self.lead = lead
+        _, dtype = lead.weights.device_and_dtype()
         self._device, self._dtype = device, dtype
         options = self.engine.options
         self.family = FamilyKey.here(self.group.class_name, self.group.structure, call.signature.id,
@@ -210,6 +216,17 @@ class BlockServer:
         if graph is None:
             return why
         return self.adopt(graph, call)
+
+    def _lead(self, device: torch.device) -> Optional[BlockInstance]:
+        """The first instance whose every tensor is on `device`: the one traced and checked against eager. A model
+        ComfyUI loaded partly keeps some layers' weights in CPU memory; an instance traced with those would make a
+        graph of copies to the device, or none."""
+        for instance in self.instances:
+            weights = InstanceWeights(instance.module, self.engine.family.call_tensors)
+            if all(tensor.device == device for tensor in weights.tensors.values()):
+                instance.weights = weights
+                return instance
+        return None
 
     def adopt(self, graph: CompiledGraph, call: FlatCall) -> Optional[str]:
         """Serve from `graph` (None), or why it cannot serve the call it was built from."""
@@ -239,7 +256,7 @@ class BlockServer:
         the same inputs go to both. Agreement is the first-use check's
         (`compiler.verify.compare`, the output dtype's tolerance).
         """
-        instance = self.instances[0]
+        instance = self.lead
         paths = call.tensor_paths
         at_one = sorted({self.roles[paths[leaf]][dim].partition("+")[0] for leaf, dim in units.values()})
         probe = self.engine.probe_counts[0]
@@ -324,20 +341,25 @@ class BlockServer:
         self.record_fallback(reason, instance)
         return instance.eager(args, kwargs)
 
-    def _weights_for(self, instance: BlockInstance) -> Tuple[Optional[InstanceWeights], Optional[str]]:
+    def _weights_for(self, instance: BlockInstance,
+                     device: torch.device) -> Tuple[Optional[InstanceWeights], Optional[str]]:
+        """The instance's weights for a call on `device`, or why they cannot be bound there (checked again only
+        when they change or the call moves)."""
         weights = instance.weights
         if weights is None:
             weights = instance.weights = InstanceWeights(instance.module, self.engine.family.call_tensors)
-        weights.check()
-        if instance.checked_version != weights.version:
-            device, dtype = weights.device_and_dtype()
+        weights.check(device)
+        if instance.checked_version != (weights.version, device):
+            _, dtype = weights.device_and_dtype()
             reason = None
-            if device is not None and self._device is not None and device != self._device:
-                reason = f"its weights are on {device}, its graph runs on {self._device} (offloaded?)"
+            if self._device is not None and device.type != self._device.type:
+                reason = f"the call runs on {device}, its graph on {self._device.type}"
             elif dtype is not None and self._dtype is not None and dtype != self._dtype:
                 reason = f"its weights are {dtype_name(dtype)}, its graph is for {dtype_name(self._dtype)}"
+            else:
+                reason = self.runner.misplaced(weights, device)
             instance.weights_reason = reason
-            instance.checked_version = weights.version
+            instance.checked_version = (weights.version, device)
         return weights, instance.weights_reason
 
     def call(self, instance: BlockInstance, args: tuple, kwargs: dict) -> Any:
@@ -445,14 +467,15 @@ class BlockServer:
             return (None, retired_reason(self.graph.key.id, self.call_template.tensor_paths, shapes, verdict),
                     cache_key, None)
         with stage("binding the block's weights"):
-            weights, reason = self._weights_for(instance)
+            weights, reason = self._weights_for(instance, call_device(tensors))
         if reason:
             return None, reason, cache_key, None
         copies = snapshot(args, kwargs) if engine.options.verify and verdict is None else None
         running = f"running graph {self.graph.key.id}"
         try:
             with stage(running):
-                return self.runner.run(weights, tensors, self.call_template.rebuild), None, cache_key, copies
+                return (self.runner.run(weights, tensors, self.call_template.rebuild, checked=True), None, cache_key,
+                        copies)
         except Failure as failure:  # a graph that breaks at run time is not used again in this process
             self.reason = str(failure)
             raise

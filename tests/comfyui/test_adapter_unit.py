@@ -304,3 +304,46 @@ def test_sd3_joint_blocks_positional_inputs_are_named_for_the_graph_and_passed_b
     (got_args, got_names), = seen
     assert got_args[0] is context and got_args[1] is x
     assert got_names == ["c", "transformer_options", "use_checkpoint"]
+
+
+class _OffloadableLinear(torch.nn.Linear):
+    """ComfyUI's castable layer as nodes/lowvram.py sees it (comfy.ops: weight_function, comfy_cast_weights)."""
+
+    weight_function: list = []
+    bias_function: list = []
+    comfy_cast_weights = False
+
+
+class LowVramPatch:
+    """Duck-typed ComfyUI LowVramPatch: adds its delta to the weight it is given."""
+
+    def __init__(self, delta: float):
+        self.key, self.patches, self.delta = "k", {}, delta
+
+    def __call__(self, weight):
+        return weight + self.delta
+
+
+def test_low_vram_layers_left_in_cpu_memory_are_moved_to_the_call_s_device_for_the_call():
+    """A model ComfyUI loaded partly: layers it left in CPU memory (comfy_cast_weights) get their weights moved
+    to the call's device for that call, patched there where a LoRA applies, under the graph's names; layers
+    already there, and layers that are not ComfyUI's to move, are not. The meta device stands for the GPU."""
+    lowvram = pack_module(PACK, "nodes.lowvram")
+    prefix = pack_module(PACK, "compiler.flat_module").MODULE_PREFIX
+    block = torch.nn.Sequential(_OffloadableLinear(4, 4), _OffloadableLinear(4, 4), _OffloadableLinear(4, 4), _OffloadableLinear(4, 4))
+    block[0].comfy_cast_weights = True  # offloaded: moved in per call
+    block[1].comfy_cast_weights = True
+    block[1].weight_function = [LowVramPatch(1.0)]  # offloaded and patched
+    block[2].to("meta")  # loaded: already where the call runs
+    # block[3]: in CPU memory and not cast by ComfyUI: left as it is (the serving check names it)
+    weights = lowvram.LowVramWeights(torch.float32)
+    unplaced, _ = weights.call_tensors(block, None)  # no device given: nothing moved, the patch applied
+    assert sorted(unplaced) == [prefix + "1.weight"]
+    tensors, transient = weights.call_tensors(block, torch.device("meta"))
+    assert transient
+    assert sorted(tensors) == [prefix + n for n in ("0.bias", "0.weight", "1.bias", "1.weight")]
+    assert all(t.device.type == "meta" and t.dtype == torch.float32 for t in tensors.values())
+    assert block[0].weight.device.type == "cpu"  # the stored weights stay where ComfyUI keeps them
+    on_cpu, _ = weights.call_tensors(block, torch.device("cpu"))  # the patch alone, where nothing is away
+    assert sorted(on_cpu) == [prefix + "1.weight"]
+    assert torch.equal(on_cpu[prefix + "1.weight"], block[1].weight + 1.0)

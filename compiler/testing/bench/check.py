@@ -64,9 +64,11 @@ MODELS = ("sd15", "sdxl", "vae", "flux", "wan")
 # ComfyUI runs SD UNets in fp16 and, on GPUs with bf16 (an H100), the VAE in bf16 (fp16 overflows SD VAEs).
 DTYPES = {"sd15": "fp16", "sdxl": "fp16", "vae": "bf16", "flux": "bf16", "wan": "bf16"}
 WHOLE = ("eager", "torch_compile", "ours_aot_cold", "ours_aot_load")
+UNET = WHOLE + ("ours_aot_load_cg",)  # CUDA graph replays measured on and off where a sampler repeats a step
 BLOCKS = ("eager", "torch_compile", "torch_compile_blocks", "ours_blocks", "ours_blocks_load")
 # Within a lane, in this order: what is not yet known of a GPU first.
-PRIORITY = ("eager", "ours_aot_cold", "ours_blocks", "ours_aot_load", "ours_blocks_load", "torch_compile_blocks",
+PRIORITY = ("eager", "ours_aot_cold", "ours_blocks", "ours_aot_load", "ours_blocks_load", "ours_aot_load_cg",
+            "torch_compile_blocks",
             "torch_compile")
 
 # (estimated seconds from process start to exit on one H100, time limit) per (model, variant). Anchored on the
@@ -75,9 +77,9 @@ PRIORITY = ("eager", "ours_aot_cold", "ours_blocks", "ours_aot_load", "ours_bloc
 # repository's sessions, which had no GPU) and on the CPU runs' ratios; the first check's log replaces them.
 ESTIMATES: Dict[Tuple[str, str], Tuple[float, float]] = {
     ("sd15", "eager"): (25, 90), ("sd15", "torch_compile"): (75, 150),
-    ("sd15", "ours_aot_cold"): (150, 240), ("sd15", "ours_aot_load"): (35, 120),
+    ("sd15", "ours_aot_cold"): (150, 240), ("sd15", "ours_aot_load"): (35, 120), ("sd15", "ours_aot_load_cg"): (35, 120),
     ("sdxl", "eager"): (35, 90), ("sdxl", "torch_compile"): (110, 200),
-    ("sdxl", "ours_aot_cold"): (240, 330), ("sdxl", "ours_aot_load"): (45, 150),
+    ("sdxl", "ours_aot_cold"): (240, 330), ("sdxl", "ours_aot_load"): (45, 150), ("sdxl", "ours_aot_load_cg"): (45, 150),
     ("vae", "eager"): (20, 90), ("vae", "torch_compile"): (50, 120),
     ("vae", "ours_aot_cold"): (90, 180), ("vae", "ours_aot_load"): (30, 120),
     ("flux", "eager"): (20, 90), ("flux", "torch_compile"): (50, 120), ("flux", "torch_compile_blocks"): (45, 120),
@@ -122,7 +124,7 @@ class CheckJob:
 
 
 def variants_of(model: str) -> Tuple[str, ...]:
-    return BLOCKS if model in M.TRANSFORMERS else WHOLE
+    return BLOCKS if model in M.TRANSFORMERS else UNET if model in ("sd15", "sdxl") else WHOLE
 
 
 def plan(models: Sequence[str] = MODELS, variants: Optional[Sequence[str]] = None,

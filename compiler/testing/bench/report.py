@@ -20,9 +20,9 @@ from typing import Any, Dict, Iterable, List, Optional
 
 HEADLINE_MODEL = "sd15"
 HEADLINE_OURS = "ours_aot_load"  # the default backend, as a user runs it after graphs are saved
-COMPILED = ("torch_compile", "ours_inductor", "ours_aot_load", "ours_oneflow", "torch_compile_blocks", "ours_blocks",
+COMPILED = ("torch_compile", "ours_inductor", "ours_aot_load", "ours_aot_load_cg", "ours_oneflow", "torch_compile_blocks", "ours_blocks",
             "ours_blocks_load")
-OURS = ("ours_inductor", "ours_aot_cold", "ours_aot_load", "ours_aot_fresh", "ours_oneflow", "ours_blocks",
+OURS = ("ours_inductor", "ours_aot_cold", "ours_aot_load", "ours_aot_load_cg", "ours_aot_fresh", "ours_oneflow", "ours_blocks",
         "ours_blocks_load")
 LABELS = {
     "eager": "eager",
@@ -31,6 +31,7 @@ LABELS = {
     "ours_inductor": "ours, inductor backend",
     "ours_aot_cold": "ours, aot backend, cold compile",
     "ours_aot_load": "ours, aot backend, loaded from disk in a fresh process",
+    "ours_aot_load_cg": "ours, aot backend, loaded, replaying CUDA graphs of repeated shapes",
     "ours_aot_fresh": "ours, aot backend, loaded in a fresh process on a fresh machine (empty TMPDIR and "
                       "Inductor cache, no C++ compiler)",
     "ours_oneflow": "ours, oneflow backend (graphs per shape, warmed up)",
@@ -39,7 +40,7 @@ LABELS = {
     "ours_blocks_load": "ours, block graphs loaded from disk in a fresh process",
 }
 SHORT = {"torch_compile": "torch.compile", "ours_inductor": "ours (inductor)", "ours_aot_cold": "ours (aot, cold)",
-         "ours_aot_load": "ours (aot, loaded)",
+         "ours_aot_load": "ours (aot, loaded)", "ours_aot_load_cg": "ours (aot, loaded, CUDA graphs)",
          "ours_oneflow": "ours (oneflow)", "torch_compile_blocks": "torch.compile of blocks",
          "ours_blocks": "ours (blocks, cold)", "ours_blocks_load": "ours (blocks, loaded)"}
 # Per transformer model (issue 12): ours = block graphs.

@@ -113,6 +113,7 @@ def run_job(job: Dict[str, Any], work: Path, env: Dict[str, str], timeout: float
 
 # A variant that reads what another one left (its graphs, its Inductor cache) runs after it, in the same run.
 NEEDS = {"torch_compile_warm": "torch_compile", "ours_aot_load": "ours_aot_cold", "ours_aot_fresh": "ours_aot_cold",
+         "ours_aot_load_cg": "ours_aot_cold",
          "ours_blocks_load": "ours_blocks"}
 
 

@@ -9,6 +9,7 @@ Variants (what is timed; everything after the model is built):
 - ours_inductor: `compile_module(..., backend="inductor")` over the declared range;
 - ours_aot_cold: `compile_module(..., backend="aot")`, graphs saved as they compile;
 - ours_aot_load: a fresh process serving the module from those saved graphs;
+- ours_aot_load_cg: the same, replaying CUDA graphs of repeated shapes (backends/cuda_graphs.py);
 - ours_aot_fresh: the same on a "fresh machine" (the parent gives it an empty
   TMPDIR and Inductor cache and no C++ compiler); only its first call is timed;
 - ours_oneflow: `compile_module(..., backend="oneflow")`; OneFlow graphs are
@@ -188,8 +189,8 @@ def run_job(job: Dict[str, Any], checkpoint: Callable[[Dict[str, Any]], None] = 
                                  cover_range=backend != "oneflow")
         if variant == "ours_aot_cold":
             options = options.with_(store=GraphStore(job["graphs_dir"]), autosave=True)
-        elif variant in ("ours_aot_load", "ours_aot_fresh"):
-            options = options.with_(store=GraphStore(job["graphs_dir"]))
+        elif variant in ("ours_aot_load", "ours_aot_fresh", "ours_aot_load_cg"):
+            options = options.with_(store=GraphStore(job["graphs_dir"]), cuda_graphs=variant == "ours_aot_load_cg")
         wrapper = compile_module(module, options, registry)
         compiled_fn = module
         eager_fn = wrapper.eager
@@ -338,6 +339,9 @@ def _finish(result, variant, count, registry, wrapper, watcher, job, cuda) -> Di
         result["fallbacks"] = len(registry.fallbacks)
         result["graph_calls"] = wrapper.graph_calls
         result["eager_calls"] = wrapper.eager_calls
+    if registry is not None and getattr(wrapper, "options", None) is not None and wrapper.options.cuda_graphs:
+        result["cuda_graph_replays"] = {graph.key.id: graph.replay_state() for graph in registry.graphs()
+                                        if hasattr(graph, "replay_state")}
     if hasattr(wrapper, "report"):  # block engine: what ran compiled, per block structure
         result["block_report"] = wrapper.report()
     if variant in ("torch_compile", "torch_compile_warm", "torch_compile_blocks"):
