@@ -7,7 +7,7 @@
 #     (TORCH211_TESTS; the real-depth SD1.5 UNet and VAE run under 2.13 in the main suite). PyPI has only a
 #     CUDA build of 2.11 (about 4.6 GB, a minute to install here); KEEPFAST_SKIP_TORCH211=1 skips it;
 #  3. the OneFlow backend tests in .venv-oneflow (Python 3.10, oneflow 0.9.0), built by
-#     .ci/setup_oneflow.sh (several minutes and 8.5 GB the first time, seconds after).
+#     .ci/setup_oneflow.sh (several minutes and 8.5 GB the first time, seconds after), beside 2.
 # The environments of 2 and 3 are installed while the main suite runs, at the lowest CPU and disk priority (the
 # test workers come first) and without pip's bytecode compile (torch 2.11's install took 148 s of a core with it,
 # 99 s without; Python compiles what a test imports). The main suite took 2771 s so, 2783 s before: it keeps both
@@ -69,13 +69,26 @@ TORCH211_TESTS=(tests/test_torch_support.py "$REAL_DEPTH_SDXL"
   tests/test_api_sequences.py::test_sd_pipe_any_api_order_compiles_nothing
   tests/test_api_sequences.py::test_float16_pipe_whose_vae_runs_upcast_compiles_nothing
   tests/test_api_sequences.py::test_positional_and_keyword_calls_are_one_graph)
+# The OneFlow tests (one process, about a minute) run beside the torch 2.11 leg, whose two workers rarely end
+# together: they take the core the first one to finish leaves. Their output follows the leg's.
+ONEFLOW_TESTS=""
+if [ "${KEEPFAST_SKIP_ONEFLOW:-0}" != "1" ]; then
+  joined "$ONEFLOW_SETUP" oneflow
+  (
+    . .venv-oneflow/oneflow-env.sh
+    KEEPFAST_REQUIRE_ONEFLOW=1 "$ONEFLOW_ENV/bin/python" -m pytest tests/oneflow -m oneflow
+  ) >"$SETUP_LOGS/oneflow-tests.log" 2>&1 &
+  ONEFLOW_TESTS=$!
+  BACKGROUND+=("$ONEFLOW_TESTS")
+fi
 if [ "${KEEPFAST_SKIP_TORCH211:-0}" != "1" ]; then
   joined "$TORCH211_SETUP" torch211
   .venv-torch211/bin/python -m pytest -n "${KEEPFAST_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
     "${TORCH211_TESTS[@]}"
 fi
-if [ "${KEEPFAST_SKIP_ONEFLOW:-0}" != "1" ]; then
-  joined "$ONEFLOW_SETUP" oneflow
-  . .venv-oneflow/oneflow-env.sh
-  KEEPFAST_REQUIRE_ONEFLOW=1 "$ONEFLOW_ENV/bin/python" -m pytest tests/oneflow -m oneflow
+if [ -n "$ONEFLOW_TESTS" ]; then
+  ONEFLOW_STATUS=0
+  wait "$ONEFLOW_TESTS" || ONEFLOW_STATUS=$?
+  cat "$SETUP_LOGS/oneflow-tests.log"
+  [ "$ONEFLOW_STATUS" = 0 ] || { echo "the OneFlow tests failed (exit $ONEFLOW_STATUS)" >&2; exit "$ONEFLOW_STATUS"; }
 fi

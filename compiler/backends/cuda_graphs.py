@@ -21,7 +21,9 @@ the allocator), at most KEPT shapes per runner: each capture keeps its
 activations' memory, the least recently used is released first. A capture
 that raises, or whose replay differs from the plain run of the same inputs,
 turns replay off for the runner with the reason (`reason`); the call is
-served by the plain run either way. Measured on and off by the device check
+served by the plain run either way. Whole-model graphs only: a block graph
+binds another instance's weights for every block call, so a capture would
+never be replayed. Measured on and off by the device check
 (variant `ours_aot_load_cg`); off unless asked for (`CompileOptions.cuda_graphs`,
 or KEEPFAST_CUDA_GRAPHS=1).
 """

@@ -156,8 +156,8 @@ def main(pack: str, base: str, graphs: str, kind: str, phase: str, flags: list) 
         aot = sys.modules[name + ".compiler.backends.aot"]
         original = aot.AotGraph.run
 
-        def perturbed(self, module, call):
-            output = original(self, module, call)
+        def perturbed(self, module, call, replay=False):
+            output = original(self, module, call, replay)
             if call.shapes[0][0] == 2:
                 output = pytree.tree_map_only(torch.Tensor, lambda t: t + 0.5, output)
             return output
