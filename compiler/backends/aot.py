@@ -285,7 +285,8 @@ class AotGraph(CompiledGraph):
 
     def run(self, module: torch.nn.Module, call: FlatCall, replay: bool = False) -> Any:
         with self._lock:
-            device, index = call_device(call.tensors), device_index(call.tensors)
+            device = call_device(call.tensors)
+            index = index_of(device)
             runner = self._bind(module, index, device)
             # The package was traced with contiguous inputs and does not check strides:
             # a non-contiguous input would give wrong results silently.
@@ -327,13 +328,14 @@ def _package_metadata(folder: Path) -> Dict[str, str]:
     return {str(k): str(v) for k, v in json.loads(found[0].read_text()).items()}
 
 
+def index_of(device: torch.device) -> int:
+    """A runner's index for calls on `device`: its GPU index; -1 for the CPU."""
+    return -1 if device.type == "cpu" or device.index is None else int(device.index)
+
+
 def device_index(tensors) -> int:
-    """The index of the device a call's tensors are on (the first one not on the CPU); -1 for the CPU."""
-    for tensor in tensors:
-        device = tensor.device
-        if device.type != "cpu":
-            return -1 if device.index is None else int(device.index)
-    return -1
+    """The index of the device a call's tensors are on (`base.call_device`: the first one not on the CPU)."""
+    return index_of(call_device(tensors))
 
 
 def _home_index(kind: str) -> int:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.utils._pytree as pytree
 
-from ..backends.aot import AotGraph, device_index
+from ..backends.aot import AotGraph, index_of
 from ..backends.base import CompiledGraph, WeightsElsewhere, call_device, weights_elsewhere
 from ..flat_module import MODULE_PREFIX
 from .export import empty_to_none
@@ -170,8 +170,9 @@ class SharedRunner:
         """Run with `weights` bound; `rebuild(tensors)` gives (args, kwargs) for the generic path. `checked`: the
         caller has just checked `weights` for this call (per-call tensors are made once a call)."""
         inputs = [t if t.is_contiguous() else t.contiguous() for t in tensors]
+        device = call_device(inputs)
         if not checked:
-            weights.check(call_device(inputs))
+            weights.check(device)
         if not self.direct:
             from ..signature import FlatCall
 
@@ -180,12 +181,12 @@ class SharedRunner:
         with self.lock:
             # The runner of the device the call is on (a block on cuda:1 runs the package loaded there), and
             # whose tensors it holds: the graph keeps that per runner, for its own run() too.
-            index = device_index(inputs)
+            index = index_of(device)
             runner = self.graph.runner_on(index)
             bound = self.graph._bound
             token = (_BOUND, weights.serial, weights.version)
             if bound.get(index) != token:
-                misplaced = self.misplaced(weights, call_device(inputs))
+                misplaced = self.misplaced(weights, device)
                 if misplaced:
                     raise WeightsElsewhere(misplaced)
                 runner.load_constants(self._constants(weights), check_full_update=False, user_managed=True)
