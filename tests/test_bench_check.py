@@ -384,3 +384,38 @@ def test_a_row_whose_graphs_are_not_packages_says_why():
     row = check._row(job, {"first_call_s": 3.0, "events": [{"kind": "compile", "reason": reason}]})
     assert row["status"] == "ok" and row["why"] == "no AOTInductor package: " + reason
     assert "why" not in check._row(job, {"first_call_s": 3.0, "events": [{"kind": "compile", "reason": "first"}]})
+
+
+def test_the_check_command_without_variants_runs_the_check_s_own_cuda_graph_variant(monkeypatch, tmp_path):
+    """`--check` with no --variants must not be narrowed to the CPU bench's defaults, which leave out
+    ours_aot_load_cg (the loaded UNets with CUDA graph replays)."""
+    import argparse
+
+    from compiler.testing import bench
+
+    asked = {}
+    monkeypatch.setattr(check, "run_check", lambda out, **kw: asked.update(kw) or 0)
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    bench.run_from_args(parser.parse_args(["--out", str(tmp_path), "--device", "cuda", "--check"]))
+    jobs = check.plan(models=["sd15"], variants=asked["variants"])
+    assert "ours_aot_load_cg" in {j.variant for j in jobs}
+    bench.run_from_args(parser.parse_args(["--out", str(tmp_path), "--check", "--variants", "eager"]))
+    assert asked["variants"] == ["eager"]
+
+
+def test_a_block_engine_s_job_ends_without_asking_for_cuda_graph_replays():
+    """The first GPU check's flux/ours_blocks job failed at its end with "'BlockOptions' object has no attribute
+    'cuda_graphs'": blocks have no replays, and their result has no cuda_graph_replays."""
+    from types import SimpleNamespace
+
+    from compiler.blocks import BlockOptions
+    from compiler.compiled_forward import CompileOptions
+    from compiler.registry import GraphRegistry
+    from compiler.testing.bench.worker import cuda_graph_replays
+
+    registry = GraphRegistry()
+    assert cuda_graph_replays(SimpleNamespace(options=BlockOptions()), registry) is None
+    assert cuda_graph_replays(SimpleNamespace(options=CompileOptions(cuda_graphs=False)), registry) is None
+    assert cuda_graph_replays(SimpleNamespace(options=CompileOptions(cuda_graphs=True)), registry) == {}
+    assert cuda_graph_replays(SimpleNamespace(options=CompileOptions(cuda_graphs=True)), None) is None

@@ -50,9 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="weights and inputs (default: fp32 on CPU, fp16 on CUDA)")
     parser.add_argument("--models", type=lambda t: _names(t, MODELS), default=list(MODELS),
                         help=f"comma-separated subset of {','.join(MODELS)}")
-    parser.add_argument("--variants", type=lambda t: _names(t, VARIANT_NAMES), default=list(DEFAULT_VARIANTS),
+    parser.add_argument("--variants", type=lambda t: _names(t, VARIANT_NAMES), default=None,
                         help=f"comma-separated subset of {','.join(VARIANT_NAMES)} (default: all but ours_oneflow, "
-                             "which needs OneFlow's Python 3.10 environment)")
+                             "which needs OneFlow's Python 3.10 environment, and ours_aot_load_cg; with --check: "
+                             "all of the check's own)")
     parser.add_argument("--reps", type=int, default=None, help="timed eager/compiled pairs per shape (default 11 with --quick, else 5)")
     parser.add_argument("--no-comfy", action="store_true", help="skip the ComfyUI part even with COMFYUI_PATH set")
     parser.add_argument("--comfy-attention", default="default", choices=("default", "pytorch", "split", "quad"),
@@ -112,7 +113,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     dtype = args.dtype or ("fp16" if str(args.device).startswith("cuda") else "fp32")
     only = args.sessions_only or args.weights_only
     return run_bench(Path(args.out), quick=args.quick, device=args.device, dtype=dtype, models=args.models,
-                     variants=args.variants, reps=args.reps, comfy=not (args.no_comfy or only), keep=args.keep,
+                     variants=list(DEFAULT_VARIANTS) if args.variants is None else args.variants, reps=args.reps, comfy=not (args.no_comfy or only), keep=args.keep,
                      comfy_modes=args.comfy_modes, sessions=not (args.no_sessions or args.weights_only),
                      steady=not only, job_timeout=args.job_timeout, comfy_attention=args.comfy_attention,
                      weights=args.weights, weight_variants=args.weights_variants,

@@ -149,12 +149,17 @@ def variant(name: str, device: str, work: Path) -> Dict[str, Any]:
         from ...shapes import ShapeRange
 
         registry = GraphRegistry()
+        replay = device.startswith("cuda")  # CUDA graph replays: captured on a shape's second call
         forward = compile_module(module, CompileOptions(shape_range=ShapeRange(batch=(1, 4), spatial=(16, 48)),
-                                                        label="probe"), registry)
+                                                        label="probe", cuda_graphs=replay), registry)
         steps.append("compile_module; first call")
         with torch.no_grad():
             got = module(*args)
         steps.append(f"served: {forward.last_status}")
+        if replay:
+            result["replay_calls"] = _replay_calls(module, args, want)
+            result["cuda_graph_replays"] = {g.key.id: g.replay_state() for g in registry.graphs()
+                                            if hasattr(g, "replay_state")}
         result["compiles"] = len(registry.compiles)
         result["compile_detail"] = [{k: v for k, v in (e.detail or {}).items()
                                      if isinstance(v, (str, int, float, bool, dict))} for e in registry.compiles]
@@ -201,6 +206,24 @@ def variant(name: str, device: str, work: Path) -> Dict[str, Any]:
     result["seconds"] = round(time.perf_counter() - started, 1)
     steps.append("done")
     return result
+
+
+def _replay_calls(module, args, want) -> List[Dict[str, Any]]:
+    """Four more calls of the same shape (the second captures, the later ones replay), each against eager's output
+    and timed, then one call of another batch size: whether AOTInductor's runner replays in a CUDA graph at all."""
+    import torch
+
+    calls = []
+    for batch in (2, 2, 2, 2, 1):
+        call = tuple(a[:batch] for a in args)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        with torch.no_grad():
+            got = module(*call)
+        torch.cuda.synchronize()
+        calls.append({"batch": batch, "ms": round((time.perf_counter() - started) * 1e3, 3),
+                      "max_abs_diff": _diff(got, want[:batch])})
+    return calls
 
 
 def _flux_blocks(device: str, work: Path, result: Dict[str, Any]) -> Dict[str, Any]:

@@ -59,6 +59,14 @@ from . import phases
 _T0 = time.perf_counter()
 
 
+def cuda_graph_replays(wrapper: Any, registry: Any) -> Optional[Dict[str, Any]]:
+    """Per graph, its CUDA graph captures, replays and why replay is off, where the job asked for replays; None
+    otherwise. Block engines have no such option (blocks are not replayed: BlockOptions has no cuda_graphs)."""
+    if registry is None or not getattr(getattr(wrapper, "options", None), "cuda_graphs", False):
+        return None
+    return {graph.key.id: graph.replay_state() for graph in registry.graphs() if hasattr(graph, "replay_state")}
+
+
 def _say(text: str) -> None:
     """Progress into the job's log (the parent keeps it in the work folder)."""
     print(f"[{time.perf_counter() - _T0:8.1f} s] {text}", file=sys.stderr, flush=True)
@@ -339,9 +347,9 @@ def _finish(result, variant, count, registry, wrapper, watcher, job, cuda) -> Di
         result["fallbacks"] = len(registry.fallbacks)
         result["graph_calls"] = wrapper.graph_calls
         result["eager_calls"] = wrapper.eager_calls
-    if registry is not None and getattr(wrapper, "options", None) is not None and wrapper.options.cuda_graphs:
-        result["cuda_graph_replays"] = {graph.key.id: graph.replay_state() for graph in registry.graphs()
-                                        if hasattr(graph, "replay_state")}
+    replays = cuda_graph_replays(wrapper, registry)
+    if replays is not None:
+        result["cuda_graph_replays"] = replays
     if hasattr(wrapper, "report"):  # block engine: what ran compiled, per block structure
         result["block_report"] = wrapper.report()
     if variant in ("torch_compile", "torch_compile_warm", "torch_compile_blocks"):
