@@ -266,12 +266,14 @@ def test_a_loader_without_a_device_index_argument_is_made_with_that_device_curre
     assert made == [("pkg", "model", [1]), ("pkg", "part_0", [])]
 
 
-def test_a_loader_with_a_device_index_argument_is_given_it(monkeypatch):
+def test_a_loader_with_a_device_index_argument_is_given_it_and_runs_single_threaded(monkeypatch):
+    """Single-threaded: torch's multi-threaded container waits on the last call's CUDA event in every call, which
+    a CUDA graph capture forbids (package_loader.new_loader)."""
     made = []
     monkeypatch.setattr(torch._C._aoti, "AOTIModelPackageLoader", lambda *args: made.append(args))
     monkeypatch.setattr(torch.cuda, "device", _must_not_run("setting the current device"))
     aot._new_loader("pkg", "model", 1)
-    assert made == [("pkg", "model", False, 1, 1)]
+    assert made == [("pkg", "model", True, 1, 1)]
 
 
 # -- E: no CPU probe in a CUDA graph's build ------------------------------------------------------------------

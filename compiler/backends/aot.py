@@ -42,7 +42,7 @@ from ..probes import cloned, narrowed_to_one, pinned_example, trace_example
 from ..shapes import SPATIAL, leaf_bounds
 from ..signature import FlatCall
 from ..verify import compare
-from . import aot_parts, loader_check, package_builds, package_loader, program_split
+from . import aot_parts, cxx_linkage, loader_check, package_builds, package_loader, program_split
 from .base import (UNLABELLED, Backend, BuildInProcess, BuildLabel, CompileFailed, CompiledGraph, PackageInfo, PendingGraph, Progress,
                    WeightsElsewhere, call_device, no_progress, weights_elsewhere)
 from .cuda_graphs import Replays
@@ -486,6 +486,10 @@ def _parts_usage(usages: List[dict]) -> dict:
 def _build_here(ep: "torch.export.ExportedProgram", progress: Progress) -> Built:
     """The package built in this process (for the CPU level `package_configs` picks)."""
     march, configs = package_configs(gpu=package_builds.program_device(ep) != "cpu")
+    try:
+        cxx_linkage.apply(package_builds.cxx_link_folder())
+    except cxx_linkage.StaticCxxRuntime as error:
+        raise CompileFailed(f"no package is built on this machine: {error}") from error
     with tempfile.TemporaryDirectory(prefix="keepfast-aoti-", dir=extraction.run_folder()) as folder:
         target = os.path.join(folder, "graph.pt2")
         try:

@@ -94,7 +94,19 @@ def machine_key(kind: str) -> str:
         except Exception:  # noqa: BLE001 - no GPU visible: the key still names torch and its CUDA
             parts.append("no device")
         parts.append(f"driver {_driver()}")
+    parts.append(_linkage_label())
     return " | ".join(parts)
+
+
+def _linkage_label() -> str:
+    """How this machine's compiler links libstdc++ into packages (cxx_linkage.py: the GPU machines' crash): a
+    verdict seen with a static runtime is not this machine's once the pack links it as a shared library."""
+    from . import cxx_linkage, package_builds
+
+    try:
+        return cxx_linkage.check(cxx_linkage.inductor_compiler(), str(package_builds.cxx_link_folder())).label
+    except Exception:  # noqa: BLE001 - no compiler: no package is built here, the key says so
+        return "libstdc++ unknown"
 
 
 def _read() -> Dict[str, dict]:

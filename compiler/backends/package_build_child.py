@@ -297,6 +297,8 @@ def main(folder: str) -> int:
             except Exception as error:  # noqa: BLE001
                 raise RuntimeError(f"the graph's custom operators come from {module}, which the build process "
                                    f"cannot import ({type(error).__name__}: {error})") from error
+        if job.get("cxx_link"):  # libstdc++ linked as a shared library, or no package (cxx_linkage.py)
+            _sibling("cxx_linkage").apply(job["cxx_link"])
         # Inductor picks the vector ISA for the host code of every package, a CUDA one too (AotCodeCompiler calls
         # pick_vec_isa), so the probe runs here for every build: from the folder kept per machine, where its test
         # programs are built once. The CPU level (`probe`) is asked for CPU programs only: a CUDA program's host

@@ -518,6 +518,12 @@ def isa_cache() -> Path:
     return base / torch.__version__.replace("+", "_")
 
 
+def cxx_link_folder() -> Path:
+    """Where the pack keeps its wrapper of a C++ compiler that links libstdc++ statically (cxx_linkage.py): beside
+    the ISA probe's folder."""
+    return isa_cache().parent.with_name("cxx-link")
+
+
 def kernel_cache() -> Path:
     """Where build processes keep Triton's compiled GPU kernels (TRITON_CACHE_DIR, unless the user set it): beside
     the ISA probe's folder. Each build has a fresh Inductor cache (two builds of one graph at once must not read
@@ -550,7 +556,8 @@ def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, f
     host code is built with no -march (machine_fit.gpu_host_build: no level, no probe); what it was built for
     is written here, as probe.json, for the parent to read as it reads a child's probe."""
     light, layout = weightless(ep)
-    job = {"weights": layout, "configs": configs, "imports": operator_modules(ep), "isa_cache": str(isa_cache())}
+    job = {"weights": layout, "configs": configs, "imports": operator_modules(ep), "isa_cache": str(isa_cache()),
+           "cxx_link": str(cxx_link_folder())}
     built_for = None
     if program_device(ep, layout) != "cpu":
         march, settings = machine_fit.gpu_host_build()

@@ -24,17 +24,25 @@ LOADED = "loaded"
 def new_loader(path: str, model: str = "model", device_index: int = -1):
     """torch._C._aoti.AOTIModelPackageLoader for device `device_index` (-1: the CPU, or the current GPU); its
     arguments grew over torch versions. One without the device index loads onto the current device, so that is
-    set to `device_index` around it."""
+    set to `device_index` around it.
+
+    Single-threaded (`run_single_threaded`, torch's flag "to avoid conflicts with CUDAGraphs"): in the default
+    mode torch's model container (aoti_runtime/model_container.h, torch 2.11) has one model instance here, so
+    each call after the first reclaims it from the last call with cudaEventQuery, and waits on it with
+    cudaEventSynchronize while it is still running: the host waits for the GPU between calls, and a CUDA graph
+    capture fails ("operation failed due to a previous error during capture", the first H200 run, 2026-11-27).
+    The pack never runs one container from two threads at once (AotGraph.run and SharedRunner.run hold the
+    graph's lock), which is what that mode's synchronisation is for."""
     import torch
 
     loader_class = torch._C._aoti.AOTIModelPackageLoader
     try:
-        return loader_class(path, model, False, 1, device_index)
+        return loader_class(path, model, True, 1, device_index)
     except TypeError:
         pass
     current = torch.cuda.device(device_index) if device_index >= 0 else contextlib.nullcontext()
     with current:
-        for args in ((model, False, 1), (model, False)):
+        for args in ((model, True, 1), (model, True)):
             try:
                 return loader_class(path, *args)
             except TypeError:

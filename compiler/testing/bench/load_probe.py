@@ -11,7 +11,9 @@ runs, each in a process of its own (a crash ends that one only, with its signal 
 - `pack_build_child`: the same program built by the pack's build process (package_builds.start), loaded from
   the .pt2 file the same way (not the pack's unpacked-folder path);
 - `pack_whole`: the pack's whole path (compile_module: trace, build process, read_package, serve);
-- `pack_flux_blocks` (optional): the pack's block path on a real-width Flux (the check's crash).
+- `pack_flux_blocks` (optional): the pack's block path on a real-width Flux (the check's crash);
+- `torch_linked` (optional): `torch_default` after the pack's C++ runtime check (backends/cxx_linkage.py: the
+  crash's cause was libstdc++ linked statically into the model library), with what it found.
 
 Each writes one JSON line: its steps, the package's files (a proxy-executor .json beside the .so?), the
 outputs' difference from eager. `--gdb a,b` runs those under gdb (or cuda-gdb, all the lent GPU machines have) for
@@ -40,7 +42,7 @@ from typing import Any, Dict, List, Optional
 
 from . import load_stages
 
-VARIANTS = ("torch_default", "torch_weightless", "pack_build_child", "pack_whole", "pack_flux_blocks")
+VARIANTS = ("torch_default", "torch_weightless", "pack_build_child", "pack_whole", "pack_flux_blocks", "torch_linked")
 STAGED_PACKAGE = "torch_build.pt2"  # --stages: torch's default package, built once for every step's process
 
 
@@ -173,7 +175,16 @@ def variant(name: str, device: str, work: Path) -> Dict[str, Any]:
             result["seconds"] = round(time.perf_counter() - started, 1)
             steps.append("built in this process")
             return result
-        if name == "torch_default":
+        if name == "torch_linked":
+            from ...backends import cxx_linkage, package_builds
+
+            compiler = cxx_linkage.inductor_compiler()
+            result["print_file_name"] = {n: subprocess.run([compiler, f"-print-file-name={n}"], capture_output=True,
+                                                           text=True).stdout.strip()
+                                         for n in ("libstdc++.so", "libstdc++.a", "libstdc++.so.6")}
+            result["linkage"] = cxx_linkage.apply(package_builds.cxx_link_folder())._asdict()
+            steps.append(f"linkage: {result['linkage']['state']}")
+        if name in ("torch_default", "torch_linked"):
             torch._inductor.aoti_compile_and_package(ep, package_path=str(path))
             steps.append("built in this process")
             result["files"] = _files(path)
