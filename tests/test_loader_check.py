@@ -111,6 +111,16 @@ def test_a_crash_seen_once_stands_and_another_machine_key_is_asked_again(checked
     assert _verdict() is None
 
 
+def test_a_crash_recorded_before_the_pack_linked_libstdcxx_as_a_shared_library_does_not_stand(checked):
+    """The GPU machines' crashes came from a libstdc++ linked statically into the package (cxx_linkage.py); a
+    verdict recorded by a pack that did not check that is not this pack's, and is asked again."""
+    key = loader_check.machine_key("cpu")
+    assert key.endswith(loader_check.LINKAGE_MARK)
+    older = key[: -len(" | " + loader_check.LINKAGE_MARK)]
+    loader_check.verdicts_path().write_text(json.dumps({older: {"loads": False, "reason": "crashed (SIGSEGV)"}}))
+    assert _verdict() is None
+
+
 def test_an_unreadable_verdict_file_is_an_open_question(checked, tmp_path):
     path = loader_check.verdicts_path()
     path.write_text("{not json")

@@ -16,6 +16,11 @@ so a GPU package is never loaded here before one loaded in another process of th
   instead (backends.serving_backend: as fast, not saved), transformer blocks run eager, each with the reason.
   Once one loaded, later loads run here at once. Another torch or driver is another machine: asked again.
 
+The cause on those machines was found on an H200 (2026-11-27): their g++ found only libstdc++.a and linked the
+C++ runtime statically into every model library (cxx_linkage.py, which now links it as a shared library or builds
+no package). This check stays for causes not yet seen; verdicts recorded before that fix do not stand
+(LINKAGE_MARK in every machine key).
+
 A CPU package is loaded here as before (it has loaded on every machine the pack ran on); KEEPFAST_LOADER_CHECK=all
 checks those too (the tests use it: this machine has no GPU).
 """
@@ -44,6 +49,10 @@ CHILD = Path(__file__).with_name("package_loader.py")  # what a check runs (test
 VERDICTS_ENV = "KEEPFAST_LOADER_VERDICTS"
 CHECK_ENV = "KEEPFAST_LOADER_CHECK"  # "all": CPU packages too; "0": never (a machine the user vouches for)
 TIMEOUT_S = 300.0  # a check loads one package (seconds); a slow disk or a busy GPU may take longer
+# In every machine key: verdicts recorded before the pack linked libstdc++ as a shared library (cxx_linkage.py, the
+# cause of the GPU machines' crashes) are not this pack's. A constant, not a compiler call: loading saved graphs
+# calls no compiler.
+LINKAGE_MARK = "libstdc++ shared"
 LOADING_MARK = "loading"  # written by a build process before it loads its package (its content: the device kind)
 
 
@@ -94,19 +103,8 @@ def machine_key(kind: str) -> str:
         except Exception:  # noqa: BLE001 - no GPU visible: the key still names torch and its CUDA
             parts.append("no device")
         parts.append(f"driver {_driver()}")
-    parts.append(_linkage_label())
+    parts.append(LINKAGE_MARK)
     return " | ".join(parts)
-
-
-def _linkage_label() -> str:
-    """How this machine's compiler links libstdc++ into packages (cxx_linkage.py: the GPU machines' crash): a
-    verdict seen with a static runtime is not this machine's once the pack links it as a shared library."""
-    from . import cxx_linkage, package_builds
-
-    try:
-        return cxx_linkage.check(cxx_linkage.inductor_compiler(), str(package_builds.cxx_link_folder())).label
-    except Exception:  # noqa: BLE001 - no compiler: no package is built here, the key says so
-        return "libstdc++ unknown"
 
 
 def _read() -> Dict[str, dict]:
