@@ -419,3 +419,28 @@ def test_a_block_engine_s_job_ends_without_asking_for_cuda_graph_replays():
     assert cuda_graph_replays(SimpleNamespace(options=CompileOptions(cuda_graphs=False)), registry) is None
     assert cuda_graph_replays(SimpleNamespace(options=CompileOptions(cuda_graphs=True)), registry) == {}
     assert cuda_graph_replays(SimpleNamespace(options=CompileOptions(cuda_graphs=True)), None) is None
+
+
+def test_a_build_process_reports_its_stacks_and_the_worker_prints_them_at_its_limit(monkeypatch, tmp_path, capsys):
+    """The GPU check's SD1.5 build had not ended in 230 s and its stacks were nowhere: build processes write
+    theirs where the worker reads them (package_build_child._report_stacks)."""
+    import threading
+    import time
+
+    from compiler.backends import package_build_child as child
+    from compiler.testing.bench import worker
+
+    monkeypatch.setenv(child.STACKS_ENV, str(tmp_path))
+    monkeypatch.setattr(child, "STACKS_EVERY_S", 0.05)
+    stop = threading.Event()
+    building = threading.Thread(target=lambda: stop.wait(10), name="pretend-inductor")
+    building.start()
+    child._report_stacks("build-folder-x")
+    deadline = time.monotonic() + 10
+    while not list(tmp_path.glob("build-*.txt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    building.join()
+    worker.print_build_stacks()
+    printed = capsys.readouterr().err
+    assert "(build-folder-x)" in printed and "Thread pretend-inductor:" in printed

@@ -280,9 +280,46 @@ def _probe_isa(kept: str) -> None:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = build_cache
 
 
+STACKS_ENV = "KEEPFAST_BUILD_STACKS"  # a folder: this process writes its stacks there every STACKS_EVERY_S
+STACKS_EVERY_S = 30.0
+
+
+def _report_stacks(folder: str) -> None:
+    """Where a slow build is (the device check's SD1.5 build had not ended in 230 s on a GPU, and the stacks the
+    job printed were its own, waiting on this process): every STACKS_EVERY_S, this process's Python stacks into
+    `$KEEPFAST_BUILD_STACKS/build-<pid>.txt` (replaced whole), which the bench's worker prints at its time limit.
+    From a Python thread holding the GIL (worker._print_stacks_later says why not faulthandler)."""
+    where = os.environ.get(STACKS_ENV)
+    if not where:
+        return
+    import threading
+
+    path = os.path.join(where, f"build-{os.getpid()}.txt")
+
+    def report() -> None:
+        while True:
+            time.sleep(STACKS_EVERY_S)
+            names = {thread.ident: thread.name for thread in threading.enumerate()}
+            lines = [f"build process {os.getpid()} ({os.path.basename(folder)}), {time.perf_counter() - BEGUN:.0f} s "
+                     "after its start:"]
+            for ident, frame in sys._current_frames().items():
+                if ident != threading.get_ident():
+                    lines.append(f"Thread {names.get(ident, ident)}:")
+                    lines += [line.rstrip() for line in traceback.format_stack(frame)[-25:]]
+            try:
+                with open(path + ".partial", "w") as handle:
+                    handle.write("\n".join(lines) + "\n")
+                os.replace(path + ".partial", path)
+            except OSError:
+                return
+
+    threading.Thread(target=report, name="keepfast-build-stacks", daemon=True).start()
+
+
 def main(folder: str) -> int:
     _stop_when_the_parent_is_gone(folder)
     _bound_memory(folder)
+    _report_stacks(folder)
     _sibling("child_priority").lower()
     try:
         import torch

@@ -447,10 +447,23 @@ def _print_stacks_later(seconds: float) -> None:
             lines.append(f"Thread {names.get(ident, ident)}:")
             lines += [line.rstrip() for line in traceback.format_stack(frame)]
         print("\n".join(lines), file=sys.stderr, flush=True)
+        print_build_stacks()
 
     timer = threading.Timer(seconds, dump)
     timer.daemon = True
     timer.start()
+
+
+def print_build_stacks() -> None:
+    """The last stacks each of this job's build processes reported (package_build_child._report_stacks)."""
+    from ...backends.package_build_child import STACKS_ENV
+
+    folder = os.environ.get(STACKS_ENV)
+    for path in sorted(Path(folder).glob("build-*.txt")) if folder else ():
+        try:
+            print(path.read_text(), file=sys.stderr, flush=True)
+        except OSError:
+            pass
 
 
 def main(argv: List[str]) -> int:
@@ -458,8 +471,12 @@ def main(argv: List[str]) -> int:
     job = json.loads(job_path.read_text())
     if job.get("dump_after_s"):  # where a long compile is when the parent's time limit comes
         import faulthandler
+        import tempfile
+
+        from ...backends.package_build_child import STACKS_ENV
 
         faulthandler.enable()  # a crash prints the stacks as it happens
+        os.environ[STACKS_ENV] = tempfile.mkdtemp(prefix="keepfast-build-stacks-")  # the build processes inherit it
         _print_stacks_later(float(job["dump_after_s"]))
     checkpoint = (lambda result: _write(partial_path(result_path), result)) if job.get("checkpoints") else \
         (lambda result: None)
