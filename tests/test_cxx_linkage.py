@@ -110,3 +110,11 @@ def test_a_package_built_where_g_plus_plus_links_the_static_runtime_loads_and_ma
     assert forward.last_status == "compiled graph", forward.last_status
     assert len(registry.compiles) == 1 and torch.allclose(got, want, atol=1e-5)
     assert list((tmp_path / "isa" / "cxx-link").glob("*/g++")), "the build process made no wrapper"
+
+
+def test_without_a_compiler_the_build_goes_on_to_say_so_itself(monkeypatch, tmp_path):
+    def none():
+        raise RuntimeError("no g++")
+
+    monkeypatch.setattr(cxx_linkage, "inductor_compiler", none)
+    assert cxx_linkage.apply(tmp_path).state == "unknown"

@@ -176,7 +176,10 @@ def apply(root) -> Linkage:
     `root`: the folder for the wrapper (a str or a Path)."""
     import torch._inductor.config as inductor_config
 
-    compiler = inductor_compiler()
+    try:
+        compiler = inductor_compiler()
+    except Exception as error:  # noqa: BLE001 - no compiler: Inductor's build says so in its own words
+        return Linkage("", "unknown", f"no C++ compiler found: {type(error).__name__}: {error}")
     if os.path.dirname(compiler) and Path(compiler).parent.parent == Path(root):
         return Linkage(compiler, "linked", "already the pack's wrapper")
     linkage = check(compiler, str(root))
