@@ -41,6 +41,7 @@ from ..keys import GraphKey
 from ..probes import cloned, narrowed_to_one, pinned_example, trace_example
 from ..shapes import SPATIAL, leaf_bounds
 from ..signature import FlatCall
+from ..subclass_weights import unwrap_subclass_weights
 from ..verify import compare
 from . import aot_parts, cxx_linkage, loader_check, package_builds, package_loader, program_split
 from .base import (UNLABELLED, Backend, BuildInProcess, BuildLabel, CompileFailed, CompiledGraph, PackageInfo, PendingGraph, Progress,
@@ -124,7 +125,8 @@ def export_program(module, forward_fn, call: FlatCall, shape_range) -> tuple:
             break
     try:
         with _export_settings(), torch.no_grad():
-            ep = torch.export.export(flat, (list(call.tensors),), dynamic_shapes=(dynamic,), strict=False)
+            ep = unwrap_subclass_weights(
+                torch.export.export(flat, (list(call.tensors),), dynamic_shapes=(dynamic,), strict=False))
     except Exception as error:  # export failures are many and varied
         raise CompileFailed(f"torch.export failed: {type(error).__name__}: {_first_line(error)}") from error
     return ep, flat

@@ -36,6 +36,7 @@ from ..backends.base import BuildLabel, CompileFailed, PackageInfo
 from ..flat_module import FlatForward, dump_out_spec
 from ..keys import GraphKey
 from ..signature import FlatCall
+from ..subclass_weights import unwrap_subclass_weights
 
 Bounds = List[Dict[int, Tuple[int, int]]]
 Progress = Callable[[str, float], None]
@@ -114,7 +115,8 @@ def trace_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: Gr
     dynamic = [{d: Dim.AUTO(min=lo, max=hi) for d, (lo, hi) in b.items()} for b in bounds]
     try:
         with _trace_settings(), torch.no_grad(), tracing(module):
-            program = torch.export.export(flat, (list(call.tensors),), dynamic_shapes=(dynamic,), strict=False)
+            program = unwrap_subclass_weights(
+                torch.export.export(flat, (list(call.tensors),), dynamic_shapes=(dynamic,), strict=False))
     except Exception as error:  # export failures are many and varied
         raise CompileFailed(f"torch.export failed: {type(error).__name__}: {_first_line(error)}") from error
     if flat.out_spec is None:
