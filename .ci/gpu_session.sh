@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One lent GPU session's runs in one command (docs/gpu.md, "What the next GPU session runs"), for a 15-minute
-# device budget: the load probe (gpu_probe.sh's two runs), then the device check narrowed to what the time left
-# allows. Every step has its own limit so that the files come back even when one hangs. $OUT gets at most 8
-# files: the probe's two load_probe.json, the check's bench.json and bench.md, and logs.tgz (every log).
+# device budget: the load probe, then the device check narrowed to what the time left allows. Every step has
+# its own limit so that the files come back even when one hangs. $OUT gets at most 8 files: the probe's
+# load_probe.json, the check's bench.json and bench.md, and logs.tgz (every log).
 #
 #   bash .ci/gpu_session.sh [SECONDS]   (default 560: the whole command's time, under the call's timeout_s)
 set -uo pipefail
@@ -14,10 +14,10 @@ export PYTHONUNBUFFERED=1
 RESULTS=$(mktemp -d "${TMPDIR:-/tmp}/keepfast-session-XXXXXX")
 left() { echo $(( TOTAL - ($(date +%s) - START) )); }
 
-timeout -k 5 150 python3 -m compiler.testing.bench.load_probe --device cuda --out "$RESULTS/probe" --stages \
-    --timeout 140 2>&1 | tee "$RESULTS/probe.out"
-timeout -k 5 130 python3 -m compiler.testing.bench.load_probe --device cuda --out "$RESULTS/probe-pack" \
-    --only pack_whole --timeout 120 2>&1 | tee "$RESULTS/probe-pack.out"
+# torch's own package after the pack's libstdc++ check, and the pack's whole path with CUDA graph replays (both
+# loaded since the fix; docs/gpu.md, "The loader crash: cause and fix"). `--stages` is the crash's probe.
+timeout -k 5 160 python3 -m compiler.testing.bench.load_probe --device cuda --out "$RESULTS/probe" \
+    --only torch_linked,pack_whole --timeout 150 2>&1 | tee "$RESULTS/probe.out"
 
 BUDGET=$(( $(left) - 25 ))
 if [ "$BUDGET" -ge 120 ]; then
@@ -29,7 +29,6 @@ else
 fi
 
 cp "$RESULTS/probe/load_probe.json" "$OUT/probe.json" 2>/dev/null
-cp "$RESULTS/probe-pack/load_probe.json" "$OUT/probe-pack.json" 2>/dev/null
 cp "$RESULTS/check/bench.json" "$RESULTS/check/bench.md" "$OUT/" 2>/dev/null
 tar -C "$RESULTS" -czf "$OUT/logs.tgz" --exclude='*.png' --exclude='*.pt2' . 2>/dev/null
 ls -la "$OUT"

@@ -439,8 +439,8 @@ def test_a_build_process_reports_its_stacks_and_the_worker_prints_them_at_its_li
     deadline = time.monotonic() + 10
     while not list(tmp_path.glob("build-*.txt")) and time.monotonic() < deadline:
         time.sleep(0.05)
+    worker.print_build_stacks()  # while the pretend build still runs: each report replaces the last
     stop.set()
     building.join()
-    worker.print_build_stacks()
     printed = capsys.readouterr().err
     assert "(build-folder-x)" in printed and "Thread pretend-inductor:" in printed

@@ -77,7 +77,7 @@ PRIORITY = ("eager", "ours_aot_cold", "ours_blocks", "ours_aot_load", "ours_bloc
 # repository's sessions, which had no GPU) and on the CPU runs' ratios; the first check's log replaces them.
 ESTIMATES: Dict[Tuple[str, str], Tuple[float, float]] = {
     ("sd15", "eager"): (25, 90), ("sd15", "torch_compile"): (75, 150),
-    ("sd15", "ours_aot_cold"): (150, 240), ("sd15", "ours_aot_load"): (35, 120), ("sd15", "ours_aot_load_cg"): (35, 120),
+    ("sd15", "ours_aot_cold"): (200, 330), ("sd15", "ours_aot_load"): (35, 120), ("sd15", "ours_aot_load_cg"): (35, 120),
     ("sdxl", "eager"): (35, 90), ("sdxl", "torch_compile"): (110, 200),
     ("sdxl", "ours_aot_cold"): (240, 330), ("sdxl", "ours_aot_load"): (45, 150), ("sdxl", "ours_aot_load_cg"): (45, 150),
     ("vae", "eager"): (20, 90), ("vae", "torch_compile"): (50, 120),
