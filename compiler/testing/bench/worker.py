@@ -43,10 +43,12 @@ steady-state pairs are timed, so two jobs never time at once on one GPU),
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
 import resource
+import shutil
 import statistics
 import sys
 import time
@@ -477,6 +479,7 @@ def main(argv: List[str]) -> int:
 
         faulthandler.enable()  # a crash prints the stacks as it happens
         os.environ[STACKS_ENV] = tempfile.mkdtemp(prefix="keepfast-build-stacks-")  # the build processes inherit it
+        atexit.register(shutil.rmtree, os.environ[STACKS_ENV], True)
         _print_stacks_later(float(job["dump_after_s"]))
     checkpoint = (lambda result: _write(partial_path(result_path), result)) if job.get("checkpoints") else \
         (lambda result: None)
