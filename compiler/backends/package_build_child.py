@@ -24,7 +24,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Optional
+from typing import List, Optional
 
 BEGUN = time.perf_counter()
 
@@ -284,6 +284,20 @@ STACKS_ENV = "KEEPFAST_BUILD_STACKS"  # a folder: this process writes its stacks
 STACKS_EVERY_S = 30.0
 
 
+def other_threads_stacks(depth: Optional[int] = None) -> List[str]:
+    """Every other thread's Python stack as lines ("Thread NAME:", then its last `depth` frames), read from a
+    Python thread that holds the GIL (the bench's worker._print_stacks_later says why not faulthandler)."""
+    import threading
+
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    lines: List[str] = []
+    for ident, frame in sys._current_frames().items():
+        if ident != threading.get_ident():
+            lines.append(f"Thread {names.get(ident, ident)}:")
+            lines += [line.rstrip() for line in traceback.format_stack(frame)[-(depth or 0):]]
+    return lines
+
+
 def _report_stacks(folder: str) -> None:
     """Where a slow build is (the device check's SD1.5 build had not ended in 230 s on a GPU, and the stacks the
     job printed were its own, waiting on this process): every STACKS_EVERY_S, this process's Python stacks into
@@ -299,13 +313,8 @@ def _report_stacks(folder: str) -> None:
     def report() -> None:
         while True:
             time.sleep(STACKS_EVERY_S)
-            names = {thread.ident: thread.name for thread in threading.enumerate()}
             lines = [f"build process {os.getpid()} ({os.path.basename(folder)}), {time.perf_counter() - BEGUN:.0f} s "
-                     "after its start:"]
-            for ident, frame in sys._current_frames().items():
-                if ident != threading.get_ident():
-                    lines.append(f"Thread {names.get(ident, ident)}:")
-                    lines += [line.rstrip() for line in traceback.format_stack(frame)[-25:]]
+                     "after its start:"] + other_threads_stacks(depth=25)
             try:
                 with open(path + ".partial", "w") as handle:
                     handle.write("\n".join(lines) + "\n")

@@ -34,6 +34,8 @@ from typing import ContextManager, Dict, List, Optional, Tuple
 
 import torch
 
+from ..subclass_weights import is_subclass_weight
+
 CallTensors = Tuple[Dict[str, torch.Tensor], bool]  # (tensors by graph name, transient)
 
 
@@ -45,8 +47,7 @@ def subclass_parts(tensor: torch.Tensor) -> Optional[List[torch.Tensor]]:
     bytes and a float32 scale. torch.export unwraps it into those parts (the
     dequantisation is traced from them), and they are what is bound per call.
     """
-    flatten = getattr(type(tensor), "__tensor_flatten__", None)
-    if flatten is None or type(tensor) in (torch.Tensor, torch.nn.Parameter):
+    if not is_subclass_weight(tensor):
         return None
     names, _context = tensor.__tensor_flatten__()
     parts: List[torch.Tensor] = []

@@ -440,14 +440,10 @@ def _print_stacks_later(seconds: float) -> None:
     stacks; that thread's own stack is then printed as it is when it lets go."""
     import threading
 
+    from ...backends.package_build_child import other_threads_stacks
+
     def dump() -> None:
-        names = {thread.ident: thread.name for thread in threading.enumerate()}
-        lines = [f"Stacks after {seconds:.0f} s (the time limit is near):"]
-        for ident, frame in sys._current_frames().items():
-            if ident == threading.get_ident():
-                continue
-            lines.append(f"Thread {names.get(ident, ident)}:")
-            lines += [line.rstrip() for line in traceback.format_stack(frame)]
+        lines = [f"Stacks after {seconds:.0f} s (the time limit is near):"] + other_threads_stacks()
         print("\n".join(lines), file=sys.stderr, flush=True)
         print_build_stacks()
 
