@@ -297,6 +297,7 @@ def test_the_job_of_a_cpu_program_asks_for_the_cpu_level(program, tmp_path):
     package_builds._write_job(program, {"a": 1}, True, tmp_path)
     job = json.loads((tmp_path / "job.json").read_text())
     assert job["probe"] == str(package_builds.MACHINE_FIT) and job["configs"] == {"a": 1}
+    assert job["device"] == "cpu" and job["compile_threads"] is None  # no kernel compilers started early
     assert package_builds._read_probe(tmp_path) is None  # the child writes it
     assert package_builds.program_device(program) == "cpu"
 
@@ -314,6 +315,7 @@ def test_the_job_of_a_cuda_program_asks_for_no_probe(program, tmp_path, monkeypa
     package_builds._write_job(program, {"a": 1}, True, tmp_path)
     job = json.loads((tmp_path / "job.json").read_text())
     assert "probe" not in job
+    assert job["device"] == "cuda"  # the child starts its kernel compilers first (warm_kernel_compilers)
     assert {entry[3] for entry in job["weights"].values()} == {"cuda:0"}
     assert job["configs"] == {"a": 1, "cpp.march": machine_fit.NO_MARCH}  # host code: no -march
     built_for = package_builds._read_probe(tmp_path)
@@ -323,6 +325,41 @@ def test_the_job_of_a_cuda_program_asks_for_no_probe(program, tmp_path, monkeypa
     needs = machine_fit.needs_of_package(metadata, built_for["march"], built_here=True, vec=None)
     assert needs["cpu_features"] == sorted(["avx2", "fma", "f16c"]) and needs["march"] == "none"
     assert needs["device"] == "cuda" and needs["compute_capability"] == "90"
+
+
+def test_parts_built_together_share_the_cores_between_their_kernel_compilers(program, tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    monkeypatch.setattr(package_builds.os, "cpu_count", lambda: 16)
+    assert package_builds.kernel_compile_threads(1) is None  # alone: Inductor's own choice, one per core
+    assert package_builds.kernel_compile_threads(5) == 3
+    assert package_builds.kernel_compile_threads(40) == 1
+    package_builds._write_job(program, {}, False, tmp_path, beside=4)
+    assert json.loads((tmp_path / "job.json").read_text())["compile_threads"] == 4
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "8")  # the user's (or the check's lane's) number, shared
+    assert package_builds.kernel_compile_threads(4) == 2
+    assert package_builds.kernel_compile_threads(1) is None
+
+
+def test_a_gpu_build_starts_inductor_s_kernel_compilers_before_it_reads_its_program(monkeypatch):
+    """AOTInductor starts Triton's compile workers only at its first kernel, and compiles kernels one by one until
+    they are up; torch.compile starts them first (maybe_warm_pool), and so does a GPU build process."""
+    import torch._inductor.async_compile as async_compile
+    from torch._inductor import config
+
+    from compiler.backends import package_build_child
+
+    started = []
+    monkeypatch.setattr(async_compile, "maybe_warm_pool", lambda: started.append(config.compile_threads))
+    with config.patch({"compile_threads": config.compile_threads}):
+        assert package_build_child.warm_kernel_compilers(3) is True
+        assert started == [3]
+        assert package_build_child.warm_kernel_compilers(None) is True
+        assert started == [3, 3]  # None: the number already chosen stays
+    def cannot_start():
+        raise OSError("no processes left")
+
+    monkeypatch.setattr(async_compile, "maybe_warm_pool", cannot_start)
+    assert package_build_child.warm_kernel_compilers(2) is False  # the build goes on: kernels compile as before
 
 
 def test_a_cuda_program_built_in_process_picks_no_cpu_level(monkeypatch, inductor_march_unset):

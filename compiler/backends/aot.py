@@ -450,7 +450,7 @@ def _build_in_parts(ep: "torch.export.ExportedProgram", count: int, progress: Pr
         for index, part in enumerate(split_parts):
             builds.append(package_builds.start(part.program, dict(PACKAGE_CONFIG),
                                                label._replace_what(f"{label.what} part {index + 1} of {count}"),
-                                               probe=True, now=True))
+                                               probe=True, now=True, beside=count))
         packages = [build.result() for build in builds]
     except BuildInProcess as why:
         raise program_split.CannotSplit(str(why)) from None

@@ -325,6 +325,28 @@ def _report_stacks(folder: str) -> None:
     threading.Thread(target=report, name="keepfast-build-stacks", daemon=True).start()
 
 
+def warm_kernel_compilers(threads: Optional[int]) -> bool:
+    """Start Inductor's Triton compile workers now, for a GPU program (True if they were asked to start).
+
+    torch.compile starts them as it begins (its inductor backend calls `maybe_warm_pool`); AOTInductor does not.
+    Its first kernel then asks for the pool (torch 2.11-2.13's `AsyncCompile.use_process_pool`), and every kernel
+    until the pool is ready (a process of its own that imports torch, then its workers, each importing torch and
+    Triton) compiles one after another in this process. On the H200 code generation took 8.7 s for a 50-line
+    module and 8.3 s for a Flux block (docs/gpu.md); how much of that was this wait is for the next GPU run to
+    show. Started here, the workers start while this process reads the program and lowers it. `threads`: how many
+    (package_builds.kernel_compile_threads; None: Inductor's own choice or TORCHINDUCTOR_COMPILE_THREADS)."""
+    try:
+        import torch._inductor.config as inductor_config
+        from torch._inductor.async_compile import maybe_warm_pool
+
+        if threads:
+            inductor_config.compile_threads = int(threads)
+        maybe_warm_pool()  # nothing where Triton is not installed (a CPU-only torch)
+        return True
+    except Exception:  # noqa: BLE001 - the kernels then compile as Inductor would have compiled them anyway
+        return False
+
+
 def main(folder: str) -> int:
     _stop_when_the_parent_is_gone(folder)
     _bound_memory(folder)
@@ -343,6 +365,8 @@ def main(folder: str) -> int:
             except Exception as error:  # noqa: BLE001
                 raise RuntimeError(f"the graph's custom operators come from {module}, which the build process "
                                    f"cannot import ({type(error).__name__}: {error})") from error
+        if job.get("device", "cpu") != "cpu":
+            warm_kernel_compilers(job.get("compile_threads"))
         if job.get("cxx_link"):  # libstdc++ linked as a shared library, or no package (cxx_linkage.py)
             _sibling("cxx_linkage").apply(job["cxx_link"])
         # Inductor picks the vector ISA for the host code of every package, a CUDA one too (AotCodeCompiler calls

@@ -549,17 +549,33 @@ def program_device(ep: "torch.export.ExportedProgram", layout: Optional[Dict[str
     return "cpu"
 
 
-def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, folder: Path) -> None:
+def kernel_compile_threads(beside: int) -> Optional[int]:
+    """Inductor's Triton compile workers for each of `beside` builds started together (a graph's parts): the
+    cores, or TORCHINDUCTOR_COMPILE_THREADS where it is set, shared between them. None for a build on its own
+    (Inductor's own number, from that variable or the cores). Each build process starts its own workers, and each
+    imports torch and Triton: five parts with one worker per core would start five times the cores at once."""
+    if beside <= 1:
+        return None
+    configured = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "")
+    total = int(configured) if configured.isdigit() and int(configured) > 0 else (os.cpu_count() or 1)
+    return max(1, total // beside)
+
+
+def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, folder: Path,
+               beside: int = 1) -> None:
     """The build's inputs in its folder: the program without its weights, their layout, the configuration.
 
     `probe` asks the child for the CPU level (machine_fit.build_probe) -- for a CPU program only. A GPU program's
     host code is built with no -march (machine_fit.gpu_host_build: no level, no probe); what it was built for
-    is written here, as probe.json, for the parent to read as it reads a child's probe."""
+    is written here, as probe.json, for the parent to read as it reads a child's probe. `device`: the child starts
+    Inductor's kernel compile workers for a GPU program before it reads it (package_build_child.warm_kernel_compilers),
+    `compile_threads` of them when `beside` builds start together."""
     light, layout = weightless(ep)
+    device = program_device(ep, layout)
     job = {"weights": layout, "configs": configs, "imports": operator_modules(ep), "isa_cache": str(isa_cache()),
-           "cxx_link": str(cxx_link_folder())}
+           "cxx_link": str(cxx_link_folder()), "device": device, "compile_threads": kernel_compile_threads(beside)}
     built_for = None
-    if program_device(ep, layout) != "cpu":
+    if device != "cpu":
         march, settings = machine_fit.gpu_host_build()
         job["configs"] = {**configs, **settings}
         built_for = {"march": march, "vec_isa": None, "vec_flags": None}
@@ -585,16 +601,17 @@ def _new_build(folder: Path, label: BuildLabel, queued: bool) -> PackageBuild:
 
 
 def start(ep: "torch.export.ExportedProgram", configs: dict, label: BuildLabel = UNLABELLED,
-          probe: bool = False, now: bool = False) -> PackageBuild:
+          probe: bool = False, now: bool = False, beside: int = 1) -> PackageBuild:
     """Start building `ep`'s package (weights left out) in a child process; `label` says what for.
 
     `probe`: the child picks the CPU level to build for (machine_fit.build_probe, Inductor's ISA probe,
     which compiles test programs) and adds it to `configs`; `PackageBuild.probe` says what it found. The
     caller then never runs the probe on the path of the call that started the build.
-    `now`: the build starts at once, whatever else runs (a caller waits for it: not behind background builds)."""
+    `now`: the build starts at once, whatever else runs (a caller waits for it: not behind background builds).
+    `beside`: the builds started together with this one, it included (a graph's parts): they share the cores."""
     folder = Path(tempfile.mkdtemp(prefix="build-", dir=extraction.run_folder()))
     try:
-        _write_job(ep, configs, probe, folder)
+        _write_job(ep, configs, probe, folder, beside)
     except Exception:
         shutil.rmtree(folder, ignore_errors=True)
         raise
