@@ -15,8 +15,15 @@
 # install fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Python writes the bytecode of what it imports (__pycache__, ignored by git), whatever the machine's environment
+# says: with PYTHONDONTWRITEBYTECODE=1 (set on this machine) and no bytecode in the venvs, every process compiled
+# torch's sources again as it imported them, and the suite starts hundreds (build processes, fresh-process tests):
+# `import torch, torch._inductor.compile_fx, diffusers.models` took 14.4 s a process so, 5.9 s once written. The
+# main suite took 2666 s in a fresh clone so (the other legs' installs beside it), 1804 s in a venv with bytecode
+# and nothing beside it (2026-11-27, this 2-core machine).
+unset PYTHONDONTWRITEBYTECODE
 python3 -m venv .venv
-# No bytecode compile at install (63 s here with it, 33 s without): Python compiles what the tests import.
+# No bytecode compile at install (63 s here with it, 33 s without): Python compiles what the tests import, once.
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile torch==2.13.0 -r requirements.txt \
   -r requirements-dev.txt
 
