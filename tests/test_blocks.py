@@ -79,6 +79,8 @@ def test_one_compile_per_block_structure_not_per_block(served):
     assert report["blocks"] == tt.BLOCKS[served.name]
     assert report["blocks_compiled"] == report["blocks"], report
     assert sum(e.detail["instances"] for e in served.registry.compiles) == tt.BLOCKS[served.name]
+    # each block structure's compile says where its time went, as a whole model's does (the device check reads it)
+    assert all("inductor_s" in e.detail["phase_s"] for e in served.registry.compiles), served.registry.compiles
     assert served.registry.fallbacks == [], [e.reason for e in served.registry.fallbacks]
     for structure in report["structures"]:
         assert structure["status"] == "compiled graph", structure

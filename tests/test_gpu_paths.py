@@ -340,6 +340,30 @@ def test_parts_built_together_share_the_cores_between_their_kernel_compilers(pro
     assert package_builds.kernel_compile_threads(1) is None
 
 
+def test_a_gpu_program_is_cut_into_no_more_parts_than_leave_each_part_four_kernel_compilers(program, monkeypatch):
+    """The H200's SD1.5 UNet was cut by the CPU rule (a part per core) and each part compiled its Triton kernels
+    with one worker, one after another: each GPU part now keeps at least four, and a CPU program is cut as before."""
+    for name in ("TORCHINDUCTOR_COMPILE_THREADS", "KEEPFAST_BUILD_PROCESSES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(package_builds.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(aot.os, "cpu_count", lambda: 16)
+    assert package_builds.gpu_part_builders() == 4
+    assert package_builds.kernel_compile_threads(package_builds.gpu_part_builders()) == 4
+    assert aot._part_builders(program) == 16  # a CPU program: one part per core
+    monkeypatch.setattr(package_builds, "program_device", lambda ep, layout=None: "cuda")
+    assert aot._part_builders(program) == 4
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "5")  # the device check's share of one of three lanes
+    monkeypatch.setenv("KEEPFAST_BUILD_PROCESSES", "5")
+    assert aot._part_builders(program) == 1  # built whole, with the lane's five workers
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "64")
+    assert aot._part_builders(program) == 5  # no more parts than builds that run at once
+    for cores in range(1, 65):
+        monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", str(cores))
+        monkeypatch.delenv("KEEPFAST_BUILD_PROCESSES", raising=False)
+        parts = package_builds.gpu_part_builders()
+        assert parts == 1 or package_builds.kernel_compile_threads(parts) >= package_builds.KERNEL_WORKERS_PER_PART
+
+
 def test_a_gpu_build_starts_inductor_s_kernel_compilers_before_it_reads_its_program(monkeypatch):
     """AOTInductor starts Triton's compile workers only at its first kernel, and compiles kernels one by one until
     they are up; torch.compile starts them first (maybe_warm_pool), and so does a GPU build process."""

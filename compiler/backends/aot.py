@@ -421,7 +421,7 @@ def build_package(ep: "torch.export.ExportedProgram", progress: Progress = no_pr
     machine. Where the program cannot travel to a child (BuildInProcess) it is built here, as before.
     `parts`: a large program is cut into parts built side by side, one per core (program_split.py).
     """
-    count = program_split.part_count(ep, os.cpu_count() or 1) if parts else 1
+    count = program_split.part_count(ep, _part_builders(ep)) if parts else 1
     if count > 1:
         try:
             return _build_in_parts(ep, count, progress, label)
@@ -438,6 +438,14 @@ def build_package(ep: "torch.export.ExportedProgram", progress: Progress = no_pr
     except BaseException:
         build.cancel()  # interrupted (a cancelled prompt): nothing left running or on disk
         raise
+
+
+def _part_builders(ep: "torch.export.ExportedProgram") -> int:
+    """Parts that may build side by side: one per core for a CPU program (its kernels are C++, one compiler
+    call each); for a GPU program, as many as leave each part its own Triton compile workers."""
+    if package_builds.program_device(ep) != "cpu":
+        return package_builds.gpu_part_builders()
+    return os.cpu_count() or 1
 
 
 def _build_in_parts(ep: "torch.export.ExportedProgram", count: int, progress: Progress,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
@@ -188,11 +189,16 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
     refuse_where_the_loader_crashes(key.family.device)
     progress("tracing with torch.export", 0.05)
     package_builds.prestart()  # its build process starts Python and torch while this process traces
+    started = time.perf_counter()
     traced = trace_block(module, call, bounds, key, forward, tracing)
+    export_s = time.perf_counter() - started
     progress("compiling with AOTInductor", 0.3)
     with third_party_quiet():
         built = build_package(traced.program, progress, BuildLabel(key.family.architecture, "block", key.family.id))
-    return package_block(traced, built, progress, check_unit_sizes)
+    graph, notes = package_block(traced, built, progress, check_unit_sizes)
+    # the build's memory and phases for the compile event (as a whole model's graph carries them, aot._graph)
+    graph.build_usage = {**built.usage, "phase_s": {"export_s": round(export_s, 2), **built.usage.get("phase_s", {})}}
+    return graph, notes
 
 
 def block_for_build(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: GraphKey, forward: Callable,

@@ -118,7 +118,8 @@ class BlockGraphSource:
                                "structure", seconds=server.compile_s, graph_id=graph.key.id,
                                detail={"block": server.group.class_name, "instances": len(server.instances),
                                        "shapes": [list(s) for s in call.shapes],
-                                       "parameters": server.group.parameter_count()})
+                                       "parameters": server.group.parameter_count(),
+                                       **getattr(graph, "build_usage", {})})
         server.origin = "compiled"
         return graph, None
 
