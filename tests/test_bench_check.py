@@ -188,7 +188,8 @@ def test_the_check_writes_at_most_eight_files_and_each_result_has_memory_and_dif
         ("sd15", "ours_aot_cold"): _ran("sd15", "ours_aot_cold", first=120.0, graphs_saved=1,
                                         verified={"checks": 15, "mismatches": 0}),
         ("sd15", "ours_aot_load"): _ran("sd15", "ours_aot_load", first=2.0, compiled=0.008,
-                                        verified={"checks": 15, "mismatches": 0}),
+                                        verified={"checks": 15, "mismatches": 0},
+                                        cuda_call={"shape": [4, 96, 96], "held_mb": 1700.0, "peak_mb": 2100.0}),
         ("sd15", "torch_compile"): _ran("sd15", "torch_compile", first=54.0, sweep_cut={
             "done": 0, "of": 15, "why": "not run in the check"}),
         ("flux", "eager"): _ran("flux", "eager"),
@@ -224,6 +225,8 @@ def test_the_check_writes_at_most_eight_files_and_each_result_has_memory_and_dif
     text = (out / "bench.md").read_text()
     assert "## Device check (`--check`)" in text
     assert "| sd15 | ours_aot_load | fp16 | ok | 2.00 |" in text
+    assert rows[("sd15", "ours_aot_load")]["cuda_call"]["peak_mb"] == 2100.0
+    assert "| 2300 (call 2100, held 1700) |" in text and "| 2300 |" in text  # with and without a call's figure
     assert "| flux | ours_blocks_load | bf16 | skipped: needs ours_blocks, which failed |" in text
     assert "not run: not run in the check" in text
     log_text = (out / check.LOG_NAME).read_text()
@@ -444,3 +447,28 @@ def test_a_build_process_reports_its_stacks_and_the_worker_prints_them_at_its_li
     building.join()
     printed = capsys.readouterr().err
     assert "(build-folder-x)" in printed and "Thread pretend-inductor:" in printed
+
+
+def test_a_call_s_gpu_memory_is_measured_at_the_largest_shape_after_a_fresh_peak(monkeypatch):
+    """The job's peak covers its first-use checks (inputs copied, eager beside the graph); the call's figure is
+    one call at the largest shape run, with the peak reset just before it."""
+    import torch
+
+    from compiler.testing.bench import worker
+
+    state = {"allocated": 1000 * 2**20, "peak": 9000 * 2**20}
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: state["allocated"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: state.update(peak=state["allocated"]))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: state["peak"])
+
+    def fn(x):
+        calls.append(tuple(x.shape))
+        state["peak"] = max(state["peak"], state["allocated"] + x.numel() * 2**20)
+
+    inputs = {shape: ((torch.zeros(shape),), {}) for shape in [(1, 2, 2), (4, 3, 3), (2, 4, 4)]}
+    shapes_run = [(1, 2, 2), (4, 3, 3), (2, 4, 4)]
+    got = worker._call_memory(fn, inputs, max(shapes_run, key=worker._elements))
+    assert calls == [(4, 3, 3)]
+    assert got == {"shape": [4, 3, 3], "held_mb": 1000.0, "peak_mb": 1036.0}

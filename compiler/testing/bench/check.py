@@ -207,6 +207,7 @@ def _row(job: CheckJob, result: Optional[Dict[str, Any]]) -> Dict[str, Any]:
         "steady_eager_ms": steady["eager_median_s"] * 1000 if steady else None,
         "steady_vs_eager": steady["eager_median_s"] / steady["compiled_median_s"] if steady else None,
         "cuda_max_memory_allocated_mb": result.get("cuda_max_memory_allocated_mb"),
+        "cuda_call": result.get("cuda_call"),
         "max_abs_diff_vs_eager": (result.get("vs_eager") or {}).get("max_abs"),
         "max_rel_diff_vs_eager": (result.get("vs_eager") or {}).get("max_rel"),
         "verified": result.get("verified"),
@@ -242,7 +243,7 @@ def markdown(check: Dict[str, Any]) -> List[str]:
              "overlap between jobs, first calls and compiles ran beside other jobs. Steady state: the first steady shape, "
              f"median of {REPS} alternating pairs in one process.", "",
              "| model | variant | dtype | status | first call, s | process start to first result, s | compiles "
-             "in the first call | sweep compiles (shapes) | steady ms: compiled / eager | vs eager | peak GPU MB "
+             "in the first call | sweep compiles (shapes) | steady ms: compiled / eager | vs eager | peak GPU MB (one call's at the largest shape after the checks, MB held before it) "
              "| max abs diff vs eager (rel) | first-use checks (mismatches) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in check["rows"]:
@@ -263,9 +264,18 @@ def markdown(check: Dict[str, Any]) -> List[str]:
         checks = f"{verified['checks']} ({verified['mismatches']})" if verified else "-"
         lines.append(f"| {row['model']} | {row['variant']} | {row['dtype']} | {status} | {_cell(row['first_call_s'])} "
                      f"| {_cell(row['process_to_first_result_s'])} | {_cell(row['first_call_compiles'])} | {sweep} "
-                     f"| {steady} | {_cell(row['steady_vs_eager'])} | {_cell(row['cuda_max_memory_allocated_mb'], 0)} "
-                     f"| {diff} | {checks} |")
+                     f"| {steady} | {_cell(row['steady_vs_eager'])} | {_peak_cell(row)} | {diff} | {checks} |")
     return lines + [""]
+
+
+def _peak_cell(row: Dict[str, Any]) -> str:
+    """The job's peak GPU memory, and where measured, one call's at the largest shape after every check
+    (`worker._call_memory`): "peak (a call's peak, held before it)"."""
+    cell = _cell(row.get("cuda_max_memory_allocated_mb"), 0)
+    call = row.get("cuda_call")
+    if call:
+        cell += f" (call {call['peak_mb']:.0f}, held {call['held_mb']:.0f})"
+    return cell
 
 
 def write(out: Path, results: Dict[Tuple[str, str], Dict[str, Any]], jobs: List[CheckJob], meta: Dict[str, Any],

@@ -46,6 +46,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import math
 import os
 import resource
 import shutil
@@ -290,7 +291,31 @@ def run_job(job: Dict[str, Any], checkpoint: Callable[[Dict[str, Any]], None] = 
         checkpoint(result)
     if job.get("compare"):
         result["vs_eager"] = _differences(compiled_fn, eager_fn, inputs, _spread(shapes_run, 4))
+    if cuda:
+        result["cuda_call"] = _call_memory(compiled_fn, inputs, max(shapes_run, key=_elements))
     return _finish(result, variant, count, registry, wrapper, watcher, job, cuda)
+
+
+def _elements(shape) -> int:
+    return math.prod(shape)
+
+
+def _call_memory(fn: Callable, inputs, shape) -> Dict[str, Any]:
+    """GPU memory of one call at `shape` once every first-use check and compile is behind: what the process
+    holds before it (weights, the job's inputs, whatever a compiled graph keeps) and the call's peak. The job's
+    `cuda_max_memory_allocated_mb` is the peak over everything it ran, first-use checks (the inputs copied, eager
+    run beside the graph's output) and comparisons included; this is the figure a sampler's steps see."""
+    import torch
+
+    args, kwargs = inputs[shape]
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad():
+        fn(*args, **kwargs)
+    torch.cuda.synchronize()
+    return {"shape": list(shape), "held_mb": round(held / 2**20, 1),
+            "peak_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1)}
 
 
 def _spread(shapes: List[Any], most: int) -> List[Any]:
