@@ -75,7 +75,11 @@ def spatial_multiples(module: torch.nn.Module, shape: Sequence[int], spatial_dim
     """For a tensor input's spatial dims: dim -> (multiple, lowest k, highest k) where its size is traced as
     multiple * k, k in [low, high]. The multiple is `declared` (ShapeRange.spatial_multiple) or else the
     module's own (`axis_multiples`). Only dims whose multiple is over 1, whose size in this call is a multiple
-    of it and whose range holds at least two multiples; the rest stay free (an empty dict when off). A range of
+    of it, at least twice it, and whose range holds at least two multiples; the rest stay free (an empty dict
+    when off). A call of exactly one multiple (SD1.5's latent 8, its lowest level 1x1) is traced free: torch's
+    symbolic shapes specialise a size whose example is 1, so a Dim `k` traced at 1 made torch.export fail with
+    "Constraints violated (8*spatial2_over_8)" (the SD1.5 UNet's range corners failed one after another); free,
+    the size is specialised and the graph serves that size. A range of
     one multiple (a node's minimum and maximum resolution set equal) is a fixed size: torch.export refuses a
     `Dim` whose minimum equals its maximum, which had failed the compile with "Cannot create Dim with
     inconsistent min=4, max=4"."""
@@ -91,6 +95,6 @@ def spatial_multiples(module: torch.nn.Module, shape: Sequence[int], spatial_dim
         multiple = multiples[axis]
         low, high = bounds.get(dim, (shape[dim], shape[dim]))
         k_low, k_high = -(-low // multiple), high // multiple
-        if multiple > 1 and shape[dim] % multiple == 0 and max(1, k_low) < k_high:
+        if multiple > 1 and shape[dim] % multiple == 0 and shape[dim] > multiple and max(1, k_low) < k_high:
             out[dim] = (multiple, max(1, k_low), k_high)
     return out

@@ -195,9 +195,14 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
     progress("compiling with AOTInductor", 0.3)
     with third_party_quiet():
         built = build_package(traced.program, progress, BuildLabel(key.family.architecture, "block", key.family.id))
+    build_s = time.perf_counter() - started - export_s
     graph, notes = package_block(traced, built, progress, check_unit_sizes)
-    # the build's memory and phases for the compile event (as a whole model's graph carries them, aot._graph)
-    graph.build_usage = {**built.usage, "phase_s": {"export_s": round(export_s, 2), **built.usage.get("phase_s", {})}}
+    # the build's memory and phases for the compile event (as a whole model's graph carries them, aot._graph):
+    # the trace here, the build process's wait and phases, and taking the package in (its load, sizes of 1 checked)
+    graph.build_usage = {**built.usage, "phase_s": {"export_s": round(export_s, 2), "build_wait_s": round(build_s, 2),
+                                                    **built.usage.get("phase_s", {}),
+                                                    "take_in_s": round(time.perf_counter() - started - export_s
+                                                                       - build_s, 2)}}
     return graph, notes
 
 
