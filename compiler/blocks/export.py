@@ -222,6 +222,7 @@ class BlockBuild:
                  forward: Callable = _own_forward,
                  tracing: Callable[[torch.nn.Module], ContextManager] = _as_it_is):
         self.call, self.bounds, self.key = call, bounds, key
+        self.together = False  # started beside the other block structures by a prepare that waits for them all
         refuse_where_the_loader_crashes(key.family.device)
         traced = functools.partial(block_for_build, module, call, bounds, key, forward, tracing)
         # The CPU level is picked in the build process (Inductor's probe compiles test programs: not here).

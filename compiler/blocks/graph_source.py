@@ -90,7 +90,7 @@ class BlockGraphSource:
             if elsewhere is not None:
                 self.elsewhere = (call, bounds, key, time.monotonic() + RECHECK_S)
                 return None, elsewhere
-            if options.background and not engine.ahead_of_time:
+            if (options.background and not engine.ahead_of_time) or engine.together:
                 building = self._build_in_background(call, bounds, key)
                 if building is not None:
                     return None, building
@@ -248,8 +248,11 @@ class BlockGraphSource:
             engine.compile_failures[family.id] = reason
             return reason
         engine.builds.append(self.pending.build.cancel)
-        engine.registry.record(PROGRESS, family, f"{server.label}: building in the background",
-                               detail={"fraction": 0.0, "background": True, "block": server.group.class_name})
+        self.pending.together = engine.together
+        where = "beside the other block structures" if engine.together else "in the background"
+        engine.registry.record(PROGRESS, family, f"{server.label}: building {where}",
+                               detail={"fraction": 0.0, "background": not engine.together,
+                                       "block": server.group.class_name})
         return BUILDING
 
     def land(self) -> bool:
@@ -286,11 +289,13 @@ class BlockGraphSource:
     def _land_graph(self, graph: CompiledGraph, call: FlatCall, pending: BlockBuild) -> None:
         server = self.server
         engine, family = server.engine, server.family
+        together = pending.together
+        where = "beside the other block structures" if together else "in the background"
         engine.registry.record(COMPILE, family, f"{server.label}: first call for this block structure and input "
-                               "structure (built in the background)", seconds=server.compile_s,
+                               f"structure (built {where})", seconds=server.compile_s,
                                graph_id=graph.key.id,
                                detail={"block": server.group.class_name, "instances": len(server.instances),
-                                       "shapes": [list(s) for s in call.shapes], "background": True,
+                                       "shapes": [list(s) for s in call.shapes], "background": not together,
                                        "parameters": server.group.parameter_count(), **pending.build.usage})
         server.origin = "compiled"
         server.reason = server.adopt(graph, call)

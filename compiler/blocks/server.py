@@ -176,7 +176,8 @@ class BlockServer:
                 self.source.release_claim()
         if self.reason is not None:
             self.graph = None
-            self.record_fallback(self.reason)
+            if not (self.engine.together and self.source.pending is not None):  # waited for by the engine
+                self.record_fallback(self.reason)
 
     def _prepare(self, first, second, counts, progress) -> Optional[str]:
         if first is None or second is None:
