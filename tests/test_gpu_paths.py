@@ -338,6 +338,11 @@ def test_parts_built_together_share_the_cores_between_their_kernel_compilers(pro
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "8")  # the user's (or the check's lane's) number, shared
     assert package_builds.kernel_compile_threads(4) == 2
     assert package_builds.kernel_compile_threads(1) is None
+    # a trace process (a block engine's structures built side by side) writes its build's share too
+    traced_folder = tmp_path / "traced"
+    traced_folder.mkdir()
+    package_builds.trace_job(lambda: (program, {"guards": []}), {}, False, traced_folder, beside=2)
+    assert json.loads((traced_folder / "job.json").read_text())["compile_threads"] == 4
 
 
 def test_a_gpu_program_is_cut_into_no_more_parts_than_leave_each_part_four_kernel_compilers(program, monkeypatch):

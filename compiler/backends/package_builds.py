@@ -646,27 +646,28 @@ def start(ep: "torch.export.ExportedProgram", configs: dict, label: BuildLabel =
 Trace = Callable[[], Tuple["torch.export.ExportedProgram", dict]]
 
 
-def trace_job(trace: Trace, configs: dict, probe: bool, folder: Path) -> None:
+def trace_job(trace: Trace, configs: dict, probe: bool, folder: Path, beside: int = 1) -> None:
     """What a trace process does (forked or spawned alike): trace, then write the build's job and TRACED."""
     ep, traced = trace()
-    _write_job(ep, configs, probe, folder)
+    _write_job(ep, configs, probe, folder, beside)
     (folder / TRACED).write_text(json.dumps(traced))
 
 
 def start_traced(trace: Trace, tensors: List[torch.Tensor], configs: dict, label: BuildLabel = UNLABELLED,
-                 probe: bool = False) -> PackageBuild:
+                 probe: bool = False, beside: int = 1) -> PackageBuild:
     """Trace (`trace()` -> (program, a JSON-able dict of what else the trace found)) and build, off this process
     where it can: in a fork (forked_trace.py: a call with `tensors` on the CPU, no CUDA here), else in a spawned
     process (spawned_trace.py: where only CUDA keeps a fork from it, and `trace` pickles), else here first.
 
     The dict is the build's `traced` once the trace ended; `trace_process` says where it ran (and `trace_note`
     why here). Traced here, the trace's errors (CompileFailed, BuildInProcess) are raised now; traced in a child
-    process, they are the build's failure (`result()` raises it)."""
+    process, they are the build's failure (`result()` raises it). `beside`: as `start`'s (a block engine's
+    structures built side by side share the kernel compilers)."""
     how, why = spawned_trace.chosen(tensors)
     tracer: Optional[forked_trace.TraceProcess] = None
     if how != spawned_trace.CALLER:
         folder = Path(tempfile.mkdtemp(prefix="build-", dir=extraction.run_folder()))
-        work = functools.partial(trace_job, trace, configs, probe, folder)
+        work = functools.partial(trace_job, trace, configs, probe, folder, beside)
         try:
             if how == spawned_trace.FORKED:
                 tracer = forked_trace.ForkedTrace(work, folder / spawned_trace.ERROR)
@@ -682,7 +683,7 @@ def start_traced(trace: Trace, tensors: List[torch.Tensor], configs: dict, label
     if tracer is None:
         log.info("%s: traced in this process (%s)", label.owner, why)
         ep, traced = trace()
-        build = start(ep, configs, label, probe)
+        build = start(ep, configs, label, probe, beside=beside)
         build.traced, build.trace_process, build.trace_note = traced, spawned_trace.CALLER, why
         return build
     log.info("%s: traced in a %s process%s", label.owner, tracer.how, f" ({why})" if why else "")
