@@ -85,7 +85,7 @@ def spatial_multiples(module: torch.nn.Module, shape: Sequence[int], spatial_dim
     inconsistent min=4, max=4"."""
     if not enabled():
         return {}
-    multiples = (declared,) * AXES if declared is not None else axis_multiples(module)
+    multiples = _multiples(module, declared)
     out: Dict[int, Tuple[int, int, int]] = {}
     rank = len(shape)
     for dim in spatial_dims:
@@ -98,3 +98,25 @@ def spatial_multiples(module: torch.nn.Module, shape: Sequence[int], spatial_dim
         if multiple > 1 and shape[dim] % multiple == 0 and shape[dim] > multiple and max(1, k_low) < k_high:
             out[dim] = (multiple, max(1, k_low), k_high)
     return out
+
+
+def _multiples(module: torch.nn.Module, declared: Optional[int]) -> Tuple[int, ...]:
+    """Per trailing axis (last first): the declared multiple (ShapeRange.spatial_multiple), else the module's own."""
+    return (declared,) * AXES if declared is not None else axis_multiples(module)
+
+
+def one_multiple_sides(module: torch.nn.Module, low: int,
+                       declared: Optional[int] = None) -> Tuple[Optional[int], Optional[int]]:
+    """(height, width) in latent pixels that are exactly one multiple of the module's downsampling, where a range
+    starting at `low` reaches down to it; None where not.
+
+    Why: a graph traced over a range serves such a size on no axis (torch.export never keeps a size whose levels
+    reach 1 dynamic: the SD1.5 UNet's graph says latent >= 16 where the range starts at 8), so each range corner
+    there is a whole model's compile of its own. Covered on the first call, the default range of the UNet node
+    (64 px, latent 8) made SD1.5's first call build three more graphs (before, eight failed traces: 239 s against
+    95 s on this project's CPU). Those corners compile when a call first needs them (graph_supply._cover)."""
+    if not enabled():
+        return None, None
+    width_multiple, height_multiple = _multiples(module, declared)[:2]
+    return (height_multiple if 1 < height_multiple and low <= height_multiple else None,
+            width_multiple if 1 < width_multiple and low <= width_multiple else None)

@@ -259,7 +259,8 @@ class GraphSupply:
         shape_range = forward.options.shape_range
         if forward.options.samples_independent:  # batches are served by the graphs of one sample
             shape_range = replace(shape_range, batch=(shape_range.batch[0], shape_range.batch[0]))
-        lone_height, lone_width = one_multiple_sides(forward.module, shape_range)
+        lone_height, lone_width = alignment.one_multiple_sides(forward.module, shape_range.spatial[0],
+                                                               shape_range.spatial_multiple)
         deferred = set()
         for batch, height, width in corner_targets(shape_range):
             if height == lone_height or width == lone_width:
@@ -309,22 +310,3 @@ class GraphSupply:
         except StoreError as error:
             return str(error)
         return None
-
-
-def one_multiple_sides(module, shape_range) -> Tuple[Optional[int], Optional[int]]:
-    """(height, width) in latent pixels that are exactly one multiple of the module's downsampling
-    (alignment.py), where the range reaches down to it; None where not.
-
-    Why: a graph traced over a range serves such a size on no axis (torch.export never keeps a size whose levels
-    reach 1 dynamic: the SD1.5 UNet's graph says latent >= 16 where the range starts at 8), so each range corner
-    there is a whole model's compile of its own. Covered on the first call, the default range of the UNet node
-    (64 px, latent 8) made SD1.5's first call build three more graphs (before, eight failed traces: 239 s against
-    95 s on this project's CPU). Those corners now compile when a call first needs them."""
-    if not alignment.enabled():
-        return None, None
-    declared = shape_range.spatial_multiple
-    width_multiple, height_multiple = ((declared, declared) if declared is not None
-                                       else alignment.axis_multiples(module)[:2])
-    low = shape_range.spatial[0]
-    return (height_multiple if height_multiple > 1 and low <= height_multiple else None,
-            width_multiple if width_multiple > 1 and low <= width_multiple else None)

@@ -7,6 +7,7 @@ options run on a two-level SD1.5-shaped UNet, eager, on the CPU. Nothing about t
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -469,6 +470,6 @@ def test_a_call_s_gpu_memory_is_measured_at_the_largest_shape_after_a_fresh_peak
 
     inputs = {shape: ((torch.zeros(shape),), {}) for shape in [(1, 2, 2), (4, 3, 3), (2, 4, 4)]}
     shapes_run = [(1, 2, 2), (4, 3, 3), (2, 4, 4)]
-    got = worker._call_memory(fn, inputs, max(shapes_run, key=worker._elements))
+    got = worker._call_memory(fn, inputs, max(shapes_run, key=math.prod))
     assert calls == [(4, 3, 3)]
     assert got == {"shape": [4, 3, 3], "held_mb": 1000.0, "peak_mb": 1036.0}

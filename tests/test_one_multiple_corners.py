@@ -11,7 +11,6 @@ import logging
 import torch
 
 from compiler import CompileOptions, GraphRegistry, ShapeRange, alignment, compile_module
-from compiler.graph_supply import one_multiple_sides
 from compiler.testing.tiny_models import tiny_unet
 from tests.support.inputs import unet_inputs
 
@@ -33,9 +32,10 @@ def test_corners_of_one_multiple_compile_when_first_used_and_match_eager(caplog)
     multiple = alignment.axis_multiples(unet)[0]
     assert multiple == 8  # three downsamplers, as SD1.5's: latent 8 is 1x1 at the lowest level
     wide = ShapeRange(batch=(1, 4), spatial=(multiple, 4 * multiple), sequence=(1, 160))
-    assert one_multiple_sides(unet, wide) == (multiple, multiple)
-    assert one_multiple_sides(unet, ShapeRange(spatial=(16, 64))) == (None, None)
-    assert one_multiple_sides(tiny_unet(seed=0), wide) == (None, None)  # one downsampler: its multiple is 2
+    assert alignment.one_multiple_sides(unet, wide.spatial[0]) == (multiple, multiple)
+    assert alignment.one_multiple_sides(unet, 16) == (None, None)
+    # one downsampler: its multiple is 2
+    assert alignment.one_multiple_sides(tiny_unet(seed=0), wide.spatial[0]) == (None, None)
     registry = GraphRegistry()
     forward = compile_module(unet, CompileOptions(shape_range=wide), registry)
     args, kwargs = unet_inputs(2, 3 * multiple, 3 * multiple)

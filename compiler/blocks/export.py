@@ -189,20 +189,20 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
     refuse_where_the_loader_crashes(key.family.device)
     progress("tracing with torch.export", 0.05)
     package_builds.prestart()  # its build process starts Python and torch while this process traces
-    started = time.perf_counter()
+    marks = [time.perf_counter()]
     traced = trace_block(module, call, bounds, key, forward, tracing)
-    export_s = time.perf_counter() - started
+    marks.append(time.perf_counter())
     progress("compiling with AOTInductor", 0.3)
     with third_party_quiet():
         built = build_package(traced.program, progress, BuildLabel(key.family.architecture, "block", key.family.id))
-    build_s = time.perf_counter() - started - export_s
+    marks.append(time.perf_counter())
     graph, notes = package_block(traced, built, progress, check_unit_sizes)
+    marks.append(time.perf_counter())
     # the build's memory and phases for the compile event (as a whole model's graph carries them, aot._graph):
     # the trace here, the build process's wait and phases, and taking the package in (its load, sizes of 1 checked)
-    graph.build_usage = {**built.usage, "phase_s": {"export_s": round(export_s, 2), "build_wait_s": round(build_s, 2),
-                                                    **built.usage.get("phase_s", {}),
-                                                    "take_in_s": round(time.perf_counter() - started - export_s
-                                                                       - build_s, 2)}}
+    export_s, build_wait_s, take_in_s = (round(b - a, 2) for a, b in zip(marks, marks[1:]))
+    graph.build_usage = {**built.usage, "phase_s": {"export_s": export_s, "build_wait_s": build_wait_s,
+                                                    **built.usage.get("phase_s", {}), "take_in_s": take_in_s}}
     return graph, notes
 
 
@@ -222,7 +222,7 @@ class BlockBuild:
                  forward: Callable = _own_forward,
                  tracing: Callable[[torch.nn.Module], ContextManager] = _as_it_is, beside: int = 1):
         self.call, self.bounds, self.key = call, bounds, key
-        self.together = False  # started beside the other block structures by a prepare that waits for them all
+        self.beside = beside  # the block structures built at once with this one, it included
         refuse_where_the_loader_crashes(key.family.device)
         traced = functools.partial(block_for_build, module, call, bounds, key, forward, tracing)
         # The CPU level is picked in the build process (Inductor's probe compiles test programs: not here).
@@ -235,6 +235,11 @@ class BlockBuild:
         found = self.build.traced or {}
         return TracedBlock(None, list(found.get("guards", [])), found.get("out_spec", ""), self.call, self.bounds,
                            self.key)
+
+    @property
+    def together(self) -> bool:
+        """Started beside the other block structures by a prepare that waits for them all (not in the background)."""
+        return self.beside > 1
 
     @property
     def seconds(self) -> float:

@@ -249,7 +249,6 @@ class BlockGraphSource:
             engine.compile_failures[family.id] = reason
             return reason
         engine.builds.append(self.pending.build.cancel)
-        self.pending.together = engine.together
         where = "beside the other block structures" if engine.together else "in the background"
         engine.registry.record(PROGRESS, family, f"{server.label}: building {where}",
                                detail={"fraction": 0.0, "background": not engine.together,

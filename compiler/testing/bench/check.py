@@ -246,7 +246,8 @@ def markdown(check: Dict[str, Any]) -> List[str]:
              "overlap between jobs, first calls and compiles ran beside other jobs. Steady state: the first steady shape, "
              f"median of {REPS} alternating pairs in one process.", "",
              "| model | variant | dtype | status | first call, s | process start to first result, s | compiles "
-             "in the first call | sweep compiles (shapes) | steady ms: compiled / eager | vs eager | peak GPU MB (one call's at the largest shape after the checks, MB held before it) "
+             "in the first call | sweep compiles (shapes) | steady ms: compiled / eager | vs eager | peak GPU MB "
+             "(one call's at the largest shape after the checks, MB held before it) "
              "| max abs diff vs eager (rel) | first-use checks (mismatches) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in check["rows"]:

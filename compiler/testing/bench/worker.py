@@ -292,12 +292,8 @@ def run_job(job: Dict[str, Any], checkpoint: Callable[[Dict[str, Any]], None] = 
     if job.get("compare"):
         result["vs_eager"] = _differences(compiled_fn, eager_fn, inputs, _spread(shapes_run, 4))
     if cuda:
-        result["cuda_call"] = _call_memory(compiled_fn, inputs, max(shapes_run, key=_elements))
+        result["cuda_call"] = _call_memory(compiled_fn, inputs, max(shapes_run, key=math.prod))
     return _finish(result, variant, count, registry, wrapper, watcher, job, cuda)
-
-
-def _elements(shape) -> int:
-    return math.prod(shape)
 
 
 def _call_memory(fn: Callable, inputs, shape) -> Dict[str, Any]:
