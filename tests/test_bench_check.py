@@ -473,3 +473,37 @@ def test_a_call_s_gpu_memory_is_measured_at_the_largest_shape_after_a_fresh_peak
     got = worker._call_memory(fn, inputs, max(shapes_run, key=math.prod))
     assert calls == [(4, 3, 3)]
     assert got == {"shape": [4, 3, 3], "held_mb": 1000.0, "peak_mb": 1036.0}
+
+
+def test_eager_is_timed_channels_last_against_contiguous_and_the_module_is_left_contiguous(tmp_path):
+    """The eager job of a UNet or VAE on a GPU times NHWC against NCHW (worker._channels_last_steady): the layout
+    changes between timed calls, each call sees weights and inputs of one layout, the module ends contiguous; the
+    check's bench.md says the ratio."""
+    import torch
+
+    from compiler.testing.bench import worker
+
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(6, 6))
+    shape = (1, 8, 8)
+    inputs = {shape: ((torch.randn(1, 3, 8, 8),), {})}
+    seen = []
+
+    def timed(fn, at):
+        (x,), _ = inputs[at]
+        weight = fn[0].weight
+        layout = "nhwc" if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() else "nchw"
+        weight_layout = "nhwc" if weight.is_contiguous(memory_format=torch.channels_last) and \
+            not weight.is_contiguous() else "nchw"
+        seen.append((layout, weight_layout))
+        return 0.010 if layout == "nchw" else 0.008
+
+    got = worker._channels_last_steady(timed, module, inputs, [shape], reps=4)
+    assert set(seen) == {("nchw", "nchw"), ("nhwc", "nhwc")} and len(seen) == 10  # a first untimed pair
+    assert got == {"1x8x8": {"contiguous_s": 0.010, "channels_last_s": 0.008,
+                             "channels_last_vs_contiguous": pytest.approx(1.25)}}
+    assert module[0].weight.is_contiguous() and inputs[shape][0][0].is_contiguous()
+    out = tmp_path / "out"
+    results = {("sd15", "eager"): {**_ran("sd15", "eager", diff=0.0), "channels_last": got}}
+    meta = {"device": "cuda", "dtype": "per model", "profile": "check", "torch": "2.11", "gpu": "H100"}
+    check.write(out, results, check.plan(models=["sd15"]), meta, check.BUDGET_S, check.LANES, final=False)
+    assert "- sd15 1x8x8: 8.00 ms against 10.00 ms (1.25x)" in (out / "bench.md").read_text()

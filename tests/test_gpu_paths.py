@@ -327,6 +327,37 @@ def test_the_job_of_a_cuda_program_asks_for_no_probe(program, tmp_path, monkeypa
     assert needs["device"] == "cuda" and needs["compute_capability"] == "90"
 
 
+def test_a_gpu_program_convolves_channels_last_only_where_asked(program, tmp_path, monkeypatch, inductor_march_unset):
+    """KEEPFAST_CONV_LAYOUT=channels_last (compiler/backends/conv_layout.py): Inductor's force_layout_optimization
+    for a GPU program with 2-D convolutions, nothing for one without or where not asked, nothing for a CPU program."""
+    from compiler.backends import conv_layout
+    from torch._inductor import config
+
+    assert hasattr(config, "force_layout_optimization")  # the setting this torch's Inductor reads
+    conv = torch.export.export(torch.nn.Conv2d(3, 4, 3), (torch.randn(1, 3, 8, 8),))
+    real = package_builds.weightless
+
+    def on_cuda(ep):
+        light, layout = real(ep)
+        return light, {name: entry[:3] + ["cuda:0"] + entry[4:] for name, entry in layout.items()}
+
+    def configs(ep, folder):
+        folder.mkdir()
+        package_builds._write_job(ep, {}, False, folder)
+        return json.loads((folder / "job.json").read_text())["configs"]
+
+    monkeypatch.delenv(conv_layout.ENV, raising=False)
+    assert conv_layout.has_2d_convolution(conv) and not conv_layout.has_2d_convolution(program)
+    assert configs(conv, tmp_path / "cpu-asked-not") == {}
+    monkeypatch.setenv(conv_layout.ENV, "channels_last")
+    assert configs(conv, tmp_path / "cpu") == {}  # a CPU program: Inductor lays mkldnn convolutions out itself
+    monkeypatch.setattr(package_builds, "weightless", on_cuda)
+    assert configs(conv, tmp_path / "asked")["force_layout_optimization"] is True
+    assert "force_layout_optimization" not in configs(program, tmp_path / "no-convolution")
+    monkeypatch.setenv(conv_layout.ENV, "")
+    assert "force_layout_optimization" not in configs(conv, tmp_path / "not-asked")
+
+
 def test_parts_built_together_share_the_cores_between_their_kernel_compilers(program, tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     monkeypatch.setattr(package_builds.os, "cpu_count", lambda: 16)

@@ -43,7 +43,7 @@ from ..shapes import SPATIAL, leaf_bounds
 from ..signature import FlatCall
 from ..subclass_weights import unwrap_subclass_weights
 from ..verify import compare
-from . import aot_parts, cxx_linkage, loader_check, package_builds, package_loader, program_split
+from . import aot_parts, conv_layout, cxx_linkage, loader_check, package_builds, package_loader, program_split
 from .base import (UNLABELLED, Backend, BuildInProcess, BuildLabel, CompileFailed, CompiledGraph, PackageInfo, PendingGraph, Progress,
                    WeightsElsewhere, call_device, no_progress, weights_elsewhere)
 from .cuda_graphs import Replays
@@ -495,7 +495,10 @@ def _parts_usage(usages: List[dict]) -> dict:
 
 def _build_here(ep: "torch.export.ExportedProgram", progress: Progress) -> Built:
     """The package built in this process (for the CPU level `package_configs` picks)."""
-    march, configs = package_configs(gpu=package_builds.program_device(ep) != "cpu")
+    gpu = package_builds.program_device(ep) != "cpu"
+    march, configs = package_configs(gpu=gpu)
+    if gpu:
+        configs.update(conv_layout.gpu_settings(ep))
     try:
         cxx_linkage.apply(package_builds.cxx_link_folder())
     except cxx_linkage.StaticCxxRuntime as error:

@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ...backends import conv_layout
 from . import models as M
 from . import report
 from .joblog import JobLog
@@ -211,6 +212,7 @@ def _row(job: CheckJob, result: Optional[Dict[str, Any]]) -> Dict[str, Any]:
         "steady_vs_eager": steady["eager_median_s"] / steady["compiled_median_s"] if steady else None,
         "cuda_max_memory_allocated_mb": result.get("cuda_max_memory_allocated_mb"),
         "cuda_call": result.get("cuda_call"),
+        "channels_last": result.get("channels_last"),
         "max_abs_diff_vs_eager": (result.get("vs_eager") or {}).get("max_abs"),
         "max_rel_diff_vs_eager": (result.get("vs_eager") or {}).get("max_rel"),
         "verified": result.get("verified"),
@@ -269,6 +271,12 @@ def markdown(check: Dict[str, Any]) -> List[str]:
         lines.append(f"| {row['model']} | {row['variant']} | {row['dtype']} | {status} | {_cell(row['first_call_s'])} "
                      f"| {_cell(row['process_to_first_result_s'])} | {_cell(row['first_call_compiles'])} | {sweep} "
                      f"| {steady} | {_cell(row['steady_vs_eager'])} | {_peak_cell(row)} | {diff} | {checks} |")
+    layouts = [(row["model"], key, cell) for row in check["rows"] for key, cell in (row.get("channels_last") or {}).items()]
+    if layouts:
+        lines += ["", "Eager with the weights and inputs channels-last (NHWC) against contiguous (NCHW), alternating "
+                  "pairs (what NHWC convolutions could give a graph of the model; compiler/backends/conv_layout.py):"]
+        lines += [f"- {model} {key}: {cell['channels_last_s'] * 1000:.2f} ms against {cell['contiguous_s'] * 1000:.2f} ms "
+                  f"({cell['channels_last_vs_contiguous']:.2f}x)" for model, key, cell in layouts]
     return lines + [""]
 
 
@@ -342,6 +350,8 @@ def execute(out: Path, device: str, jobs: List[CheckJob], budget_s: float, lanes
                         "at full width with 1 double + 2 single blocks and Wan 2.1 1.3B (bf16) by blocks; random "
                         "weights",
         **machine_meta(device, started),
+        # Our GPU graphs' convolution layout (compiler/backends/conv_layout.py): asked for, or Inductor's choice
+        "conv_layout": os.environ.get(conv_layout.ENV) or "Inductor's choice (NCHW for a dynamic-size graph)",
     }
     if rehearsal:
         meta.update(profile=REHEARSAL_PROFILE, quick=True,

@@ -39,6 +39,8 @@ its time limit still tells its first call), `steady_lock` (a file locked while
 steady-state pairs are timed, so two jobs never time at once on one GPU),
 `steady_static` False and `first_use_cost` False (phases left out), and
 `dump_after_s` (Python's stacks into the log shortly before the time limit).
+An eager job of a UNet or VAE on a GPU also times the model with its weights and
+inputs channels-last against contiguous (`channels_last`; `"channels_last": false` leaves it out).
 """
 
 from __future__ import annotations
@@ -293,7 +295,53 @@ def run_job(job: Dict[str, Any], checkpoint: Callable[[Dict[str, Any]], None] = 
         result["vs_eager"] = _differences(compiled_fn, eager_fn, inputs, _spread(shapes_run, 4))
     if cuda:
         result["cuda_call"] = _call_memory(compiled_fn, inputs, max(shapes_run, key=math.prod))
+    if variant == "eager" and cuda and model.kind != "transformer" and job.get("channels_last", True):
+        with lock():  # after every memory figure: the layout's copies of the weights are not the job's
+            result["channels_last"] = _channels_last_steady(timed, module, inputs, model.steady_shapes, reps)
+        checkpoint(result)
     return _finish(result, variant, count, registry, wrapper, watcher, job, cuda)
+
+
+def _channels_last_steady(timed, module, inputs, shapes, reps: int) -> Dict[str, Any]:
+    """Per steady shape, eager with the module's 4-D weights and its 4-D inputs channels-last (NHWC) against
+    contiguous (NCHW), in alternating pairs: what cuDNN's NHWC convolutions could give a graph of this model at
+    most, before any compile (compiler/backends/conv_layout.py says why our range graphs run NCHW). The layout is
+    changed between timed calls, never within one; the module is left contiguous."""
+    import torch
+
+    def laid_out(fmt):
+        module.to(memory_format=fmt)
+        return {shape: tuple(_formatted(value, fmt) for value in inputs[shape]) for shape in shapes}
+
+    formats = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+    times: Dict[str, Dict[Any, List[float]]] = {name: {shape: [] for shape in shapes} for name in formats}
+    kept = dict(inputs)
+    try:
+        for index in range(reps + 1):  # the first pair untimed
+            order = list(formats) if index % 2 == 0 else list(reversed(formats))
+            for name in order:
+                inputs.update(laid_out(formats[name]))
+                for shape in shapes:
+                    seconds = timed(module, shape)
+                    if index:
+                        times[name][shape].append(seconds)
+    finally:
+        inputs.update(kept)
+        module.to(memory_format=torch.contiguous_format)
+    out = {}
+    for shape in shapes:
+        contiguous, channels_last = (statistics.median(times[name][shape]) for name in formats)
+        out["x".join(map(str, shape))] = {"contiguous_s": contiguous, "channels_last_s": channels_last,
+                                          "channels_last_vs_contiguous": contiguous / channels_last}
+    return out
+
+
+def _formatted(value, fmt):
+    """A call's args or kwargs with its 4-D tensors in memory format `fmt` (others as they are)."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.contiguous(memory_format=fmt) if t.dim() == 4 else t, value)
 
 
 def _call_memory(fn: Callable, inputs, shape) -> Dict[str, Any]:
