@@ -1,0 +1,42 @@
+"""A build process started ahead of its build (package_builds.prestart, a "spare") is started only for a build
+that is coming: a compile starts one as it begins to trace, and a launched build starts the next one's only where
+another build waits for a slot or is being traced. A spare started after the last build of a process imported
+torch for nothing (about 5 s of a core) and was killed at exit: once in every process that compiled."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from compiler.backends import package_builds
+from compiler.backends.base import UNLABELLED
+
+
+def _launched(folder, monkeypatch, calls):
+    monkeypatch.setattr(package_builds, "prestart", lambda: calls.append(folder.name))
+    monkeypatch.setattr(package_builds, "_take_spare",
+                        lambda _folder: subprocess.Popen([sys.executable, "-c", "pass"]))
+    build = package_builds.PackageBuild(folder, UNLABELLED)
+    build._launch()
+    build.process.wait()
+    return build
+
+
+def test_a_launched_build_starts_no_spare_when_no_other_build_is_coming(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(package_builds, "_live", set())
+    monkeypatch.setattr(package_builds, "_queue", [])
+    _launched(tmp_path, monkeypatch, calls)
+    assert calls == []
+
+
+def test_a_launched_build_starts_the_next_one_s_process_while_another_is_traced(tmp_path, monkeypatch):
+    calls = []
+    tracing = package_builds.PackageBuild(tmp_path / "traced", UNLABELLED)
+    tracing.tracer = object()  # a trace process at work: its build comes next
+    assert tracing._tracing()
+    monkeypatch.setattr(package_builds, "_live", {tracing})
+    monkeypatch.setattr(package_builds, "_queue", [])
+    (tmp_path / "launched").mkdir()
+    _launched(tmp_path / "launched", monkeypatch, calls)
+    assert calls == ["launched"]
