@@ -7,6 +7,8 @@
 # probe.json (with PROBE=1), the check's bench.json and bench.md, and logs.tgz (every log).
 #
 #   bash .ci/gpu_session.sh [SECONDS]   (default 560: the whole command's time, under the call's timeout_s)
+#   KEEPFAST_CONV_LAYOUT=channels_last bash .ci/gpu_session.sh   builds our GPU graphs with channels-last
+#   convolutions (docs/gpu.md, "Channels-last convolutions"); bench.json's meta says which ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TOTAL=${1:-560}
