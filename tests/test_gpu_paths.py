@@ -347,7 +347,9 @@ def test_a_gpu_program_convolves_channels_last_only_where_asked(program, tmp_pat
         return json.loads((folder / "job.json").read_text())["configs"]
 
     monkeypatch.delenv(conv_layout.ENV, raising=False)
+    video = torch.export.export(torch.nn.Conv3d(3, 4, 3), (torch.randn(1, 3, 4, 8, 8),))  # a video VAE's
     assert conv_layout.has_2d_convolution(conv) and not conv_layout.has_2d_convolution(program)
+    assert not conv_layout.has_2d_convolution(video)
     assert configs(conv, tmp_path / "cpu-asked-not") == {}
     monkeypatch.setenv(conv_layout.ENV, "channels_last")
     assert configs(conv, tmp_path / "cpu") == {}  # a CPU program: Inductor lays mkldnn convolutions out itself
