@@ -311,7 +311,10 @@ def _channels_last_steady(timed, module, inputs, shapes, reps: int) -> Dict[str,
 
     def laid_out(fmt):
         module.to(memory_format=fmt)
-        return {shape: tuple(_formatted(value, fmt) for value in inputs[shape]) for shape in shapes}
+        laid = {shape: tuple(_formatted(value, fmt) for value in inputs[shape]) for shape in shapes}
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # the copies done before the next timed call starts
+        return laid
 
     formats = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
     times: Dict[str, Dict[Any, List[float]]] = {name: {shape: [] for shape in shapes} for name in formats}
