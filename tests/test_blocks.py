@@ -79,8 +79,13 @@ def test_one_compile_per_block_structure_not_per_block(served):
     assert report["blocks"] == tt.BLOCKS[served.name]
     assert report["blocks_compiled"] == report["blocks"], report
     assert sum(e.detail["instances"] for e in served.registry.compiles) == tt.BLOCKS[served.name]
-    # each block structure's compile says where its time went, as a whole model's does (the device check reads it)
-    assert all("inductor_s" in e.detail["phase_s"] for e in served.registry.compiles), served.registry.compiles
+    # each block structure's compile says where its time went, as a whole model's does (the device check reads it):
+    # the trace, the build's phases and taking the package in, whether built in the caller or beside the others
+    for event in served.registry.compiles:
+        phases = event.detail["phase_s"]
+        assert {"export_s", "inductor_s", "take_in_s"} <= set(phases), event
+        assert phases["export_s"] > 0 and phases["take_in_s"] > 0, event
+        assert ("to_build_start_s" in phases) == ("built beside" in event.reason), event
     assert served.registry.fallbacks == [], [e.reason for e in served.registry.fallbacks]
     for structure in report["structures"]:
         assert structure["status"] == "compiled graph", structure

@@ -208,9 +208,12 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
 
 def block_for_build(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: GraphKey, forward: Callable,
                     tracing: Callable[[torch.nn.Module], ContextManager]) -> Tuple[Any, dict]:
-    """`trace_block` as a background build's trace process runs it: (program, the JSON-able rest)."""
+    """`trace_block` as a background build's trace process runs it: (program, the JSON-able rest, the trace's
+    seconds among it)."""
+    started = time.perf_counter()
     block = trace_block(module, call, bounds, key, forward, tracing)
-    return block.program, {"guards": block.guards, "out_spec": block.out_spec}
+    return block.program, {"guards": block.guards, "out_spec": block.out_spec,
+                           "export_s": round(time.perf_counter() - started, 2)}
 
 
 class BlockBuild:
@@ -257,6 +260,18 @@ class BlockBuild:
 
     def cancel(self) -> None:
         self.build.cancel()
+
+    def usage(self, take_in_s: float) -> dict:
+        """The build's memory and phases for its compile event, as `export_block` gives a block built in the caller
+        its own: the trace (in its process), the time from the build's start to its build process's start (the
+        trace process starting, the trace, a wait for a free slot), the build process's phases, and `take_in_s`
+        (the package loaded here and its sizes of 1 checked)."""
+        build = self.build
+        found = build.traced or {}
+        phases = {"export_s": float(found.get("export_s", 0.0))}
+        if build.launched is not None:
+            phases["to_build_start_s"] = round(build.launched - build.started, 2)
+        return {**build.usage, "phase_s": {**phases, **build.usage.get("phase_s", {}), "take_in_s": take_in_s}}
 
 
 # -- tensors the block's code creates ---------------------------------------------------

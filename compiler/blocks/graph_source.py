@@ -267,6 +267,7 @@ class BlockGraphSource:
             return False
         self.pending = None
         engine, family, call = server.engine, server.family, pending.traced.call
+        taking_in = time.perf_counter()
         try:
             with stage("taking in a block graph built in the background"), third_party_quiet():
                 graph, notes = package_block(pending.traced, pending.package(), check_unit_sizes=lambda candidate,
@@ -280,6 +281,7 @@ class BlockGraphSource:
         server.compile_s = pending.seconds
         server.notes.extend(notes)
         engine.registry.add(graph)
+        graph.build_usage = pending.usage(round(time.perf_counter() - taking_in, 2))
         try:
             self._land_graph(graph, call, pending)
         finally:  # written (or not): others sharing the store may look now
@@ -296,7 +298,8 @@ class BlockGraphSource:
                                graph_id=graph.key.id,
                                detail={"block": server.group.class_name, "instances": len(server.instances),
                                        "shapes": [list(s) for s in call.shapes], "background": not together,
-                                       "parameters": server.group.parameter_count(), **pending.build.usage})
+                                       "parameters": server.group.parameter_count(),
+                                       **getattr(graph, "build_usage", pending.build.usage)})
         server.origin = "compiled"
         server.reason = server.adopt(graph, call)
         if server.reason is not None:
