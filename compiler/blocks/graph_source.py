@@ -298,8 +298,7 @@ class BlockGraphSource:
                                graph_id=graph.key.id,
                                detail={"block": server.group.class_name, "instances": len(server.instances),
                                        "shapes": [list(s) for s in call.shapes], "background": not together,
-                                       "parameters": server.group.parameter_count(),
-                                       **getattr(graph, "build_usage", pending.build.usage)})
+                                       "parameters": server.group.parameter_count(), **graph.build_usage})
         server.origin = "compiled"
         server.reason = server.adopt(graph, call)
         if server.reason is not None:
