@@ -638,9 +638,15 @@ def _graph(traced: Traced, call: FlatCall, key: GraphKey, built: Built) -> AotGr
                        input_paths=call.tensor_paths, wiring=built.wiring)
     info.constant_names, info.needs = built.names, built.needs
     graph = AotGraph(key.with_variant(traced.guards), built.package, info, origin="compiled")
-    graph.build_usage = {**built.usage, "phase_s": {"export_s": round(traced.seconds, 2),
-                                                    **built.usage.get("phase_s", {})}}
+    graph.build_usage = with_phases(built.usage, {"export_s": round(traced.seconds, 2)})
     return graph
+
+
+def with_phases(usage: dict, before: dict, after: Optional[dict] = None) -> dict:
+    """A build's usage (peak memory, its process's phases) with the phases around it in order: what ran before
+    the build process (the trace, a wait) and after it (taking the package in). The one shape of a compile event's
+    `phase_s`, whole model or block, built in the caller or beside others."""
+    return {**usage, "phase_s": {**before, **usage.get("phase_s", {}), **(after or {})}}
 
 
 class AotPending(PendingGraph):

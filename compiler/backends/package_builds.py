@@ -178,7 +178,7 @@ class PackageBuild:
                                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                     **_child_options({"TORCHINDUCTOR_CACHE_DIR":
                                                                       str(self.folder / "cache")}))
-            if _queue or any(build._tracing() for build in _live):
+            if waiting_builds() or tracing_builds():
                 prestart()  # the next build's: one is waiting or being traced (a compile prestarts its own)
         except Exception as error:  # noqa: BLE001 - read as a failed build
             self.failed_to_start = f"the build process could not start: {type(error).__name__}: {error}"

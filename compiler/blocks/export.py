@@ -31,7 +31,7 @@ import torch
 
 from ..backends import package_builds
 from ..backends.aot import (PACKAGE_CONFIG, AotGraph, Built, _guards_from, build_package, read_built,
-                            refuse_where_the_loader_crashes)
+                            refuse_where_the_loader_crashes, with_phases)
 from ..quiet import third_party_quiet
 from ..backends.base import BuildLabel, CompileFailed, PackageInfo
 from ..flat_module import FlatForward, dump_out_spec
@@ -201,8 +201,8 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
     # the build's memory and phases for the compile event (as a whole model's graph carries them, aot._graph):
     # the trace here, the build process's wait and phases, and taking the package in (its load, sizes of 1 checked)
     export_s, build_wait_s, take_in_s = (round(b - a, 2) for a, b in zip(marks, marks[1:]))
-    graph.build_usage = {**built.usage, "phase_s": {"export_s": export_s, "build_wait_s": build_wait_s,
-                                                    **built.usage.get("phase_s", {}), "take_in_s": take_in_s}}
+    graph.build_usage = with_phases(built.usage, {"export_s": export_s, "build_wait_s": build_wait_s},
+                                    {"take_in_s": take_in_s})
     return graph, notes
 
 
@@ -271,7 +271,7 @@ class BlockBuild:
         phases = {"export_s": float(found.get("export_s", 0.0))}
         if build.launched is not None:
             phases["to_build_start_s"] = round(build.launched - build.started, 2)
-        return {**build.usage, "phase_s": {**phases, **build.usage.get("phase_s", {}), "take_in_s": take_in_s}}
+        return with_phases(build.usage, phases, {"take_in_s": take_in_s})
 
 
 # -- tensors the block's code creates ---------------------------------------------------
