@@ -317,7 +317,8 @@ def test_the_job_of_a_cuda_program_asks_for_no_probe(program, tmp_path, monkeypa
     assert "probe" not in job
     assert job["device"] == "cuda"  # the child starts its kernel compilers first (warm_kernel_compilers)
     assert {entry[3] for entry in job["weights"].values()} == {"cuda:0"}
-    assert job["configs"] == {"a": 1, "cpp.march": machine_fit.NO_MARCH}  # host code: no -march
+    # host code: no -march, and no vector ISA (so no ISA probe runs in the build process: GPU_HOST_ISA)
+    assert job["configs"] == {"a": 1, "cpp.march": machine_fit.NO_MARCH, "cpp.vec_isa_ok": False}
     built_for = package_builds._read_probe(tmp_path)
     assert built_for == {"march": machine_fit.NO_MARCH, "vec_isa": None, "vec_flags": None}
     # The parent reads the package's needs as read_built does: from the ISA the package names, no probe.

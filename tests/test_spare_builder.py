@@ -13,9 +13,9 @@ from compiler.backends.base import UNLABELLED
 
 
 def _launched(folder, monkeypatch, calls):
-    monkeypatch.setattr(package_builds, "prestart", lambda: calls.append(folder.name))
+    monkeypatch.setattr(package_builds, "prestart", lambda kind: calls.append((folder.name, kind)))
     monkeypatch.setattr(package_builds, "_take_spare",
-                        lambda _folder: subprocess.Popen([sys.executable, "-c", "pass"]))
+                        lambda _folder, _kind: subprocess.Popen([sys.executable, "-c", "pass"]))
     build = package_builds.PackageBuild(folder, UNLABELLED)
     build._launch()
     build.process.wait()
@@ -39,4 +39,4 @@ def test_a_launched_build_starts_the_next_one_s_process_while_another_is_traced(
     monkeypatch.setattr(package_builds, "_queue", [])
     (tmp_path / "launched").mkdir()
     _launched(tmp_path / "launched", monkeypatch, calls)
-    assert calls == ["launched"]
+    assert calls == [("launched", "cpu")]  # of the launched build's kind (its folder has no GPU job)

@@ -564,7 +564,7 @@ class AotBackend(Backend):
                 progress: Progress = no_progress) -> AotGraph:
         refuse_where_the_loader_crashes(key.family.device)
         progress("tracing with torch.export", 0.05)
-        package_builds.prestart()  # its build process starts Python and torch while this process traces
+        package_builds.prestart(key.family.device)  # its build process starts Python and torch while this traces
         traced = trace(module, forward_fn, call, key.shape_range)
         graph = self._build(traced, call, key, progress)
         if traced.widened:

@@ -280,6 +280,24 @@ def _probe_isa(kept: str) -> None:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = build_cache
 
 
+def skips_isa_probe(configs: dict) -> bool:
+    """Whether a job's Inductor settings leave the host code without a vector ISA (a GPU program's:
+    package_builds.GPU_HOST_ISA), so that no probe of one may run in this process."""
+    return configs.get("cpp.vec_isa_ok") is False
+
+
+def _no_isa_probe() -> None:
+    """No vector ISA for this process's host code, set before anything asks Inductor for one: its probe caches what
+    it found per process, and a probe run once (in torch 2.11, a Python importing torch per ISA checked) would
+    decide the package's ISA whatever the build's own settings say."""
+    try:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.vec_isa_ok = False
+    except (ImportError, AttributeError):
+        pass
+
+
 STACKS_ENV = "KEEPFAST_BUILD_STACKS"  # a folder: this process writes its stacks there every STACKS_EVERY_S
 STACKS_EVERY_S = 30.0
 
@@ -357,6 +375,10 @@ def main(folder: str) -> int:
 
         with open(os.path.join(folder, "job.json")) as handle:
             job = json.load(handle)
+        configs = dict(job["configs"])
+        no_isa = skips_isa_probe(configs)
+        if no_isa:
+            _no_isa_probe()  # first: nothing below may probe one
         import importlib
 
         for module in job.get("imports", []):  # the modules that register the graph's custom operators
@@ -370,11 +392,12 @@ def main(folder: str) -> int:
         if job.get("cxx_link"):  # libstdc++ linked as a shared library, or no package (cxx_linkage.py)
             _sibling("cxx_linkage").apply(job["cxx_link"])
         # Inductor picks the vector ISA for the host code of every package, a CUDA one too (AotCodeCompiler calls
-        # pick_vec_isa), so the probe runs here for every build: from the folder kept per machine, where its test
-        # programs are built once. The CPU level (`probe`) is asked for CPU programs only: a CUDA program's host
-        # code is built with no -march, and the parent wrote what it is built for (package_builds._write_job).
-        _probe_isa(job.get("isa_cache", ""))
-        configs = dict(job["configs"])
+        # pick_vec_isa). For a CPU program the probe runs here: from the folder kept per machine, where its test
+        # programs are built once. A GPU program's job says no ISA (package_builds.GPU_HOST_ISA), so none is
+        # probed; nor is the CPU level (`probe`): a CUDA program's host code is built with no -march, and the
+        # parent wrote what it is built for (package_builds._write_job).
+        if not no_isa:
+            _probe_isa(job.get("isa_cache", ""))
         if job.get("probe"):
             configs.update(_probe(folder, job["probe"]))
         started = time.perf_counter() - BEGUN
@@ -400,16 +423,20 @@ def main(folder: str) -> int:
 SPARE_WAIT_S = 600  # a spare that gets no build in this time ends (its memory is the parent's machine's)
 
 
-def spare(kept_isa_cache: str) -> int:
-    """A build process started before its build (package_builds.prestart): torch imported and the ISA probe run
-    while the parent traces the graph; then it reads its job folder from stdin and builds as `main` does. It ends
-    without building on end-of-file, after SPARE_WAIT_S, or with its parent."""
+def spare(kept_isa_cache: str, kind: str = "cpu") -> int:
+    """A build process started before its build (package_builds.prestart): torch imported, and for a `kind` "cpu"
+    build the ISA probe run, while the parent traces the graph; then it reads its job folder from stdin and builds
+    as `main` does (the parent gives it a build of its kind only). It ends without building on end-of-file, after
+    SPARE_WAIT_S, or with its parent."""
     import select
 
     _stop_when_the_parent_is_gone(None)
     import torch  # noqa: F401 - what the spare is for
 
-    _probe_isa(kept_isa_cache)
+    if kind == "cpu":
+        _probe_isa(kept_isa_cache)
+    else:
+        _no_isa_probe()
     ready, _, _ = select.select([sys.stdin], [], [], SPARE_WAIT_S)
     folder = sys.stdin.readline().strip() if ready else ""
     if not folder:
@@ -425,5 +452,5 @@ def spare(kept_isa_cache: str) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--spare":
-        sys.exit(spare(sys.argv[2]))
+        sys.exit(spare(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "cpu"))
     sys.exit(main(sys.argv[1]))

@@ -168,8 +168,9 @@ class PackageBuild:
         self.trace_note: Optional[str] = None  # traced in the caller: why not in a trace process
 
     def _launch(self) -> None:
+        kind = job_kind(self.folder)
         try:
-            self.process = _take_spare(self.folder)
+            self.process = _take_spare(self.folder, kind)
             if self.process is None:
                 with open(self.folder / "output.txt", "w") as output:
                     # Its own Inductor cache, removed with the folder: two processes building the same graph at
@@ -179,7 +180,7 @@ class PackageBuild:
                                                     **_child_options({"TORCHINDUCTOR_CACHE_DIR":
                                                                       str(self.folder / "cache")}))
             if waiting_builds() or tracing_builds():
-                prestart()  # the next build's: one is waiting or being traced (a compile prestarts its own)
+                prestart(kind)  # the next build's (most likely of this one's kind): one is waiting or being traced
         except Exception as error:  # noqa: BLE001 - read as a failed build
             self.failed_to_start = f"the build process could not start: {type(error).__name__}: {error}"
             self._ended()
@@ -386,38 +387,59 @@ def _child_options(extra_env: Dict[str, str]) -> Dict[str, Any]:
 
 
 # A build process started ahead of its build (package_build_child.spare): (process, the child script it runs,
-# the pid of the process that started it). Starting Python and importing torch takes seconds (about 4 s on a busy
-# 2-core CPU): a spare does it while this process traces the graph, or between builds.
-_spare: Optional[Tuple[subprocess.Popen, Path, int]] = None
+# the pid of the process that started it, the kind of program it builds). Starting Python and importing torch
+# takes seconds (about 4 s on a busy 2-core CPU): a spare does it while this process traces the graph, or between
+# builds. A spare for a CPU program also runs Inductor's vector-ISA probe then; one for a GPU program never does
+# (host_kind, package_build_child.skips_isa_probe), so a spare serves builds of its own kind only.
+_spare: Optional[Tuple[subprocess.Popen, Path, int, str]] = None
 SPARE_ENV = "KEEPFAST_SPARE_BUILDER"
 
 
-def prestart() -> None:
-    """Have a spare build process ready for the next build (KEEPFAST_SPARE_BUILDER=0: never)."""
+def host_kind(device: str) -> str:
+    """What a build process does for a program on `device` ("cpu", "cuda", "cuda:0"): "cpu" (Inductor's
+    vector-ISA probe picks the host code's CPU level) or "gpu" (the host code only launches kernels: no probe)."""
+    return "cpu" if str(device).split(":")[0] == "cpu" else "gpu"
+
+
+def job_kind(folder: Path) -> str:
+    """host_kind of the program whose job is in `folder` ("cpu" where its job cannot be read)."""
+    try:
+        return host_kind(json.loads((folder / "job.json").read_text()).get("device", "cpu"))
+    except (OSError, ValueError, AttributeError):
+        return "cpu"
+
+
+def prestart(device: str = "cpu") -> None:
+    """Have a spare build process ready for the next build, a program on `device` (KEEPFAST_SPARE_BUILDER=0:
+    never)."""
     global _spare
     if os.environ.get(SPARE_ENV, "1") == "0" or CHILD != REAL_CHILD:  # a test's own child script takes no job so
         return
+    kind = host_kind(device)
     with _lock:
-        if _spare is not None and _spare[2] == os.getpid() and _spare[1] == CHILD and _spare[0].poll() is None:
+        if _spare is not None and _spare[2] == os.getpid() and _spare[1] == CHILD and _spare[3] == kind \
+                and _spare[0].poll() is None:
             return
         _stop_spare()
         try:
             log_file = open(extraction.run_folder() / "spare-builder.txt", "a")
             with log_file:
-                process = subprocess.Popen([sys.executable, str(CHILD), "--spare", str(isa_cache())],
+                process = subprocess.Popen([sys.executable, str(CHILD), "--spare", str(isa_cache()), kind],
                                            stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT,
                                            **_child_options({}))
         except Exception:  # noqa: BLE001 - no spare: the next build starts its own process, as always
             return
-        _spare = (process, CHILD, os.getpid())
+        _spare = (process, CHILD, os.getpid(), kind)
 
 
-def _take_spare(folder: Path) -> Optional[subprocess.Popen]:
-    """The spare build process, given `folder` as its build (None: there is none for this process and child)."""
+def _take_spare(folder: Path, kind: str = "cpu") -> Optional[subprocess.Popen]:
+    """The spare build process, given `folder` as its build (None: there is none for this process, child and
+    `kind` of program; a spare of the other kind is stopped)."""
     global _spare
     with _lock:
         spare, _spare = _spare, None
-    if spare is None or spare[2] != os.getpid() or spare[1] != CHILD or spare[0].poll() is not None:
+    if spare is None or spare[2] != os.getpid() or spare[1] != CHILD or spare[3] != kind \
+            or spare[0].poll() is not None:
         if spare is not None and spare[2] == os.getpid():
             _kill(spare[0])
         return None
@@ -582,6 +604,16 @@ def gpu_part_builders() -> int:
     return max(1, min(max_running(), kernel_worker_total() // KERNEL_WORKERS_PER_PART))
 
 
+# A GPU program's host code is built with no vector ISA: Inductor's probe of one (cpu_vec_isa.VecISA.check_build)
+# in torch 2.11 starts a Python that imports torch for every ISA and variant it checks -- 10 of them, 16.3 s on this
+# 2-core CPU with its test programs already built; a fresh build process on the H200 took 55-62 s before its build
+# began -- and the host code only unpacks arguments and launches kernels. The package then names no ISA
+# (AOTI_CPU_ISA "INVALID_VEC_ISA": machine_fit.needs_of_package asks nothing of the CPU). Set in the build process
+# only: Inductor caches what its probe found for the life of a process, so a caller's own CPU graphs would
+# lose their vector code if it were set there.
+GPU_HOST_ISA = {"cpp.vec_isa_ok": False}
+
+
 def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, folder: Path,
                beside: int = 1) -> None:
     """The build's inputs in its folder: the program without its weights, their layout, the configuration.
@@ -598,7 +630,7 @@ def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, f
     built_for = None
     if device != "cpu":
         march, settings = machine_fit.gpu_host_build()
-        job["configs"] = {**configs, **settings, **conv_layout.gpu_settings(ep)}
+        job["configs"] = {**configs, **settings, **conv_layout.gpu_settings(ep), **GPU_HOST_ISA}
         built_for = {"march": march, "vec_isa": None, "vec_flags": None}
     elif probe:
         job["probe"] = str(MACHINE_FIT)

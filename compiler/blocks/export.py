@@ -188,7 +188,7 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
     """
     refuse_where_the_loader_crashes(key.family.device)
     progress("tracing with torch.export", 0.05)
-    package_builds.prestart()  # its build process starts Python and torch while this process traces
+    package_builds.prestart(key.family.device)  # its build process starts Python and torch while this traces
     marks = [time.perf_counter()]
     traced = trace_block(module, call, bounds, key, forward, tracing)
     marks.append(time.perf_counter())

@@ -1,0 +1,98 @@
+"""A GPU program's build process runs no vector-ISA probe (package_builds.GPU_HOST_ISA).
+
+On the H200 (2026-11-28, torch 2.11+cu130) a build process that was not a spare spent 55-62 s before its build
+began (`startup_s`), a spare 0.55 s: Inductor's ISA probe in torch 2.11 starts a Python importing torch for each
+ISA and variant it checks (10 on this CPU, 16.3 s with the test programs already built), and a CUDA package's host
+code needs no ISA. Here, on a CPU: the job says no ISA, the real build process then probes none (its kept probe
+folder stays empty) and its package names none and computes as eager; a spare knows the kind of program it is
+for (a GPU one does not probe) and is handed only a build of that kind.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import torch
+
+from compiler.backends import aot, package_build_child, package_builds
+
+
+def test_a_build_without_a_host_isa_probes_none_and_its_package_still_computes(tmp_path, monkeypatch):
+    kept = tmp_path / "isa"
+    monkeypatch.setenv(package_builds.ISA_CACHE_ENV, str(kept))
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(3, 8)
+    program = torch.export.export(module, (x,))
+    assert package_build_child.skips_isa_probe({**aot.PACKAGE_CONFIG, **package_builds.GPU_HOST_ISA})
+    assert not package_build_child.skips_isa_probe(dict(aot.PACKAGE_CONFIG))
+    build = package_builds.start(program, {**aot.PACKAGE_CONFIG, **package_builds.GPU_HOST_ISA}, now=True)
+    data = build.result(timeout=600)
+    assert not kept.exists() or not any(kept.rglob("*")), sorted(kept.rglob("*"))  # no probe ran, nothing kept
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        isas = {json.loads(archive.read(name)).get("AOTI_CPU_ISA")
+                for name in archive.namelist() if name.endswith("_metadata.json")}
+    assert isas == {"INVALID_VEC_ISA"}, isas  # what needs_of_package reads as asking nothing of the CPU
+    path = tmp_path / "graph.pt2"
+    path.write_bytes(data)
+    compiled = torch._inductor.aoti_load_package(str(path))
+    compiled.load_constants(module.state_dict(), check_full_update=True, user_managed=True)
+    with torch.no_grad():
+        assert torch.equal(compiled(x), module(x))
+
+
+def _spare_probed(kind: str, kept) -> bool:
+    """Run a spare of `kind` with no job (its stdin closed at once): whether it left the probe's files in `kept`."""
+    done = subprocess.run([sys.executable, str(package_builds.REAL_CHILD), "--spare", str(kept), kind],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return kept.exists() and any(kept.rglob("*"))
+
+
+def test_a_spare_for_a_gpu_program_runs_no_probe_and_one_for_a_cpu_program_does(tmp_path):
+    assert not _spare_probed("gpu", tmp_path / "gpu")
+    assert _spare_probed("cpu", tmp_path / "cpu")
+
+
+class _Pipe:
+    def __init__(self):
+        self.written = b""
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        pass
+
+
+class _Spare:
+    """A spare build process that is running and reads its job from `stdin`."""
+
+    def __init__(self):
+        self.stdin = _Pipe()
+
+    def poll(self):
+        return None
+
+
+def test_a_spare_is_handed_a_build_of_its_own_kind_only(tmp_path, monkeypatch):
+    killed = []
+    monkeypatch.setattr(package_builds, "_kill", killed.append)
+    gpu_spare = _Spare()
+    monkeypatch.setattr(package_builds, "_spare", (gpu_spare, package_builds.CHILD, os.getpid(), "gpu"))
+    assert package_builds._take_spare(tmp_path, "cpu") is None  # a CPU build: the GPU spare is stopped
+    assert killed == [gpu_spare] and package_builds._spare is None and gpu_spare.stdin.written == b""
+    monkeypatch.setattr(package_builds, "_spare", (gpu_spare, package_builds.CHILD, os.getpid(), "gpu"))
+    assert package_builds._take_spare(tmp_path, "gpu") is gpu_spare
+    assert gpu_spare.stdin.written == f"{tmp_path}\n".encode() and killed == [gpu_spare]
+
+
+def test_a_build_s_kind_is_read_from_its_job(tmp_path):
+    assert package_builds.host_kind("cuda:1") == "gpu" and package_builds.host_kind("cpu") == "cpu"
+    (tmp_path / "job.json").write_text(json.dumps({"device": "cuda"}))
+    assert package_builds.job_kind(tmp_path) == "gpu"
+    assert package_builds.job_kind(tmp_path / "missing") == "cpu"
