@@ -14,7 +14,13 @@ A layer whose weights ComfyUI left in CPU memory (the model did not fit:
 `comfy_cast_weights`, weights moved to the GPU on every call) is served the
 same way: its weights are moved to the call's device for that call and bound,
 as ComfyUI's own cast does, then released; the graph is traced from a block
-whose weights all sit where the calls run (compiler/blocks/server.py).
+whose weights all sit where the calls run (compiler/blocks/server.py). So are
+the tensors of a module that is not one of ComfyUI's castable layers, left in
+CPU memory because it did not fit (comfy/model_patcher.py `load` moves such a
+module only where it fits, and the model's code moves its tensors in per call:
+Flux's QK-norm scale through `common_dit.rms_norm`'s `cast_to`). On the H200
+(2026-11-28) Flux's blocks ran eager under partial loading for want of this
+("its tensor img_attn.norm.key_norm.scale is on cpu").
 
 Eager, with the reason: a weight function that is not ComfyUI's LowVramPatch
 (Python the pack does not know), and a patched weight stored in another dtype
@@ -53,6 +59,16 @@ class LowVramWeights:
     def __init__(self, dtype: Optional[torch.dtype]):
         self.dtype = dtype
         self._layers: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
+        self._plain: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
+
+    def plain_holders(self, module: torch.nn.Module) -> List[Tuple[str, torch.nn.Module]]:
+        """The modules in `module` that hold tensors of their own and are not ComfyUI's castable layers (an
+        RMSNorm's scale), found once per module."""
+        found = self._plain.get(module)
+        if found is None:
+            found = self._plain[module] = [(path, sub) for path, sub in module.named_modules()
+                                           if not hasattr(sub, "weight_function") and (sub._parameters or sub._buffers)]
+        return found
 
     def layers(self, module: torch.nn.Module) -> List[Tuple[str, torch.nn.Module]]:
         """ComfyUI's castable layers in `module` (they carry weight_function), found once per module."""
@@ -104,4 +120,12 @@ class LowVramWeights:
                 for function in functions:
                     value = function(value)
                 tensors[MODULE_PREFIX + (f"{path}." if path else "") + name] = value
+        if device is not None and device.type != "cpu":
+            for path, holder in self.plain_holders(module):
+                for name, stored in list(holder._parameters.items()) + list(holder._buffers.items()):
+                    if stored is None or stored.device.type != "cpu" or subclass_parts(stored) is not None:
+                        continue  # only what a partial load left in CPU memory
+                    # as the model's own code does with it (comfy.model_management.cast_to): a copy on the call's
+                    # device, its dtype kept
+                    tensors[MODULE_PREFIX + (f"{path}." if path else "") + name] = stored.to(device=device, copy=True)
         return (tensors, True) if tensors else None

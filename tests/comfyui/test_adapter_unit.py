@@ -314,6 +314,14 @@ class _OffloadableLinear(torch.nn.Linear):
     comfy_cast_weights = False
 
 
+class _Norm(torch.nn.Module):
+    """A module with a tensor of its own that is not one of ComfyUI's castable layers (Flux's RMSNorm)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(dim))
+
+
 class LowVramPatch:
     """Duck-typed ComfyUI LowVramPatch: adds its delta to the weight it is given."""
 
@@ -330,19 +338,23 @@ def test_low_vram_layers_left_in_cpu_memory_are_moved_to_the_call_s_device_for_t
     already there, and layers that are not ComfyUI's to move, are not. The meta device stands for the GPU."""
     lowvram = pack_module(PACK, "nodes.lowvram")
     prefix = pack_module(PACK, "compiler.flat_module").MODULE_PREFIX
-    block = torch.nn.Sequential(_OffloadableLinear(4, 4), _OffloadableLinear(4, 4), _OffloadableLinear(4, 4), _OffloadableLinear(4, 4))
+    block = torch.nn.Sequential(_OffloadableLinear(4, 4), _OffloadableLinear(4, 4), _OffloadableLinear(4, 4),
+                                _OffloadableLinear(4, 4), _Norm(4), _Norm(4).to("meta"))
     block[0].comfy_cast_weights = True  # offloaded: moved in per call
     block[1].comfy_cast_weights = True
     block[1].weight_function = [LowVramPatch(1.0)]  # offloaded and patched
     block[2].to("meta")  # loaded: already where the call runs
-    # block[3]: in CPU memory and not cast by ComfyUI: left as it is (the serving check names it)
+    # block[3]: a castable layer in CPU memory that ComfyUI does not cast: left as it is (the serving check names it)
+    # block[4]: not a castable layer, left in CPU memory (it did not fit): the model's code moves its scale in per
+    # call (common_dit.rms_norm's cast_to), so it is moved; block[5] is already where the call runs
     weights = lowvram.LowVramWeights(torch.float32)
     unplaced, _ = weights.call_tensors(block, None)  # no device given: nothing moved, the patch applied
     assert sorted(unplaced) == [prefix + "1.weight"]
     tensors, transient = weights.call_tensors(block, torch.device("meta"))
     assert transient
-    assert sorted(tensors) == [prefix + n for n in ("0.bias", "0.weight", "1.bias", "1.weight")]
+    assert sorted(tensors) == [prefix + n for n in ("0.bias", "0.weight", "1.bias", "1.weight", "4.scale")]
     assert all(t.device.type == "meta" and t.dtype == torch.float32 for t in tensors.values())
+    assert block[4].scale.device.type == "cpu"
     assert block[0].weight.device.type == "cpu"  # the stored weights stay where ComfyUI keeps them
     on_cpu, _ = weights.call_tensors(block, torch.device("cpu"))  # the patch alone, where nothing is away
     assert sorted(on_cpu) == [prefix + "1.weight"]
