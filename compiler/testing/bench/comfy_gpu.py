@@ -85,6 +85,11 @@ def _offloaded_layers(diffusion_model) -> int:
                and getattr(getattr(m, "weight", None), "device", None) is not None and m.weight.device.type == "cpu")
 
 
+def _free_mb(mm) -> int:
+    """ComfyUI's free memory on its compute device (MB): what a model's partial load is fitted to."""
+    return round(mm.get_free_memory(mm.get_torch_device()) / 2 ** 20)
+
+
 def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, steps: int) -> List[Dict[str, Any]]:
     """The model sampled eager and through the node, whole on the device, then partly loaded."""
     import torch
@@ -130,13 +135,24 @@ def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, ste
         if cuda:
             torch.cuda.reset_peak_memory_stats()  # this mode's peak (eager's and ours' samples together)
         mark, counts = len(registry.events), dict(registry.log.counts)
+        # What ComfyUI saw before each one's samples (free memory: what its partial load fits in) and what it
+        # loaded: under partial loading ours left 26 Flux layers in CPU memory where eager left 15 (H200,
+        # 2026-11-28), at half eager's speed; these say whether the memory or the accounting differed.
+        memory = {"free_mb_before": {}, "loaded_mb": {}}
+        memory["free_mb_before"]["eager"] = _free_mb(mm)
         eager_first, eager_first_s, _ = _timed_sample(F, family, family.patcher, inputs, steps, cuda)
         want, _, eager_ms = _timed_sample(F, family, family.patcher, inputs, steps, cuda)
         row["eager_offloaded_layers"] = _offloaded_layers(diffusion_model)
+        memory["loaded_mb"]["eager"] = round(family.patcher.loaded_size() / 2 ** 20)
         served = _served(name, nodes_unet, blocks, fast, diffusion_model)
+        memory["free_mb_before"]["ours"] = _free_mb(mm)
         got_first, first_s, _ = _timed_sample(F, family, fast, inputs, steps, cuda)
         got, _, ours_ms = _timed_sample(F, family, fast, inputs, steps, cuda)
         row["ours_offloaded_layers"] = _offloaded_layers(diffusion_model)
+        memory["loaded_mb"]["ours"] = round(fast.loaded_size() / 2 ** 20)
+        memory["loaded_models"] = [type(m.model.model).__name__ if hasattr(m.model, "model") else str(m)
+                                   for m in mm.current_loaded_models]
+        row["memory"] = memory
         row["loaded_share"] = round(fast.loaded_size() / max(1, fast.model_size()), 3)
         after = _served(name, nodes_unet, blocks, fast, diffusion_model)
         events = registry.events[mark:]

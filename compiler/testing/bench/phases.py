@@ -21,6 +21,10 @@ ROWS = (
     ("scheduling_s", "Inductor scheduling and fusion"),
     ("codegen_s", "Inductor code generation (scheduling included; ours on a GPU: Triton's kernel builds and "
                   "tuning too)"),
+    ("kernel_codegen_s", "of which writing the kernels"),
+    ("kernel_wait_s", "of which waiting for Triton's kernel builds (ours on a GPU)"),
+    ("autotune_s", "benchmarking kernel configurations (ours on a GPU: in code generation; torch.compile: in its "
+                   "first call)"),
     ("cpp_build_s", "C++ build (ours: wrapper and kernels; torch.compile: waiting for kernel builds)"),
     ("parts", "parts built side by side (ours)"),
 )
@@ -31,6 +35,8 @@ _TORCH_COMPILE = {
     "lowering_s": ("GraphLowering.run",),
     "scheduling_s": ("Scheduler.__init__",),
     "codegen_s": ("GraphLowering.codegen",),
+    "kernel_codegen_s": ("Scheduler.codegen",),
+    "autotune_s": ("CachingAutotuner.benchmark_all_configs",),
     "cpp_build_s": ("async_compile.wait",),
 }
 
