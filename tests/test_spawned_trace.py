@@ -163,6 +163,28 @@ def test_a_module_that_cannot_be_pickled_traces_in_the_caller_with_the_reason(sp
     assert forward.cancel_builds() == 1 and build_folders() == []
 
 
+def _linear_trace():
+    """A trace as start_traced takes it: (program, what else the trace found)."""
+    return torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),)), {"export_s": 0.0}
+
+
+def test_a_build_the_caller_waits_for_is_traced_in_the_caller_where_a_spawned_process_would_trace_it(spawn,
+                                                                                                     monkeypatch):
+    """A block engine's structures built side by side before its first call returns (`waited`): a spawned process
+    would add its start to the wait (about 17 s on the H200), so the trace runs here; a background build's still
+    runs in a spawned process."""
+    _slow_builds(monkeypatch)
+    tensors = [torch.randn(2, 4)]
+    waited = package_builds.start_traced(_linear_trace, tensors, {}, waited=True)
+    assert waited.trace_process == spawned_trace.CALLER and waited.tracer is None
+    assert waited.trace_note == package_builds.WAITED_TRACE and len(spawn) == 1
+    background = package_builds.start_traced(_linear_trace, tensors, {})
+    assert background.trace_process == spawned_trace.SPAWNED and len(spawn) == 1
+    waited.cancel()
+    background.cancel()
+    assert build_folders() == []
+
+
 # -- a background build traced in a spawned process ---------------------------------------------------------------
 
 def test_the_trace_runs_in_a_spawned_process_and_its_graph_lands(spawn):

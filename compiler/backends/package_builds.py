@@ -39,7 +39,7 @@ import torch
 
 from .. import build_times, extraction, machine_fit
 from . import conv_layout, forked_trace, loader_check, spawned_trace
-from .base import UNLABELLED, BuildInProcess, BuildLabel, CompileFailed
+from .base import UNLABELLED, BuildInProcess, BuildLabel, CompileFailed, call_device
 
 REAL_CHILD = Path(__file__).with_name("package_build_child.py")
 CHILD = REAL_CHILD  # what a build process runs (tests put scripts of their own here)
@@ -686,17 +686,29 @@ def trace_job(trace: Trace, configs: dict, probe: bool, folder: Path, beside: in
     (folder / TRACED).write_text(json.dumps(traced))
 
 
+# Why a build the caller waits for is traced in the caller where a spawned process could have traced it: on the
+# H200 (2026-11-28) Flux's two block structures, traced in spawned processes side by side, reached their builds 21.0
+# and 19.8 s after they began, for traces of 3.0 and 2.8 s; the rest was the processes' start (Python, torch, the
+# pack). One after the other here they take the traces' time, and each build starts as its trace ends.
+WAITED_TRACE = "the caller waits for this build, and a spawned process would add its start (Python, torch and the pack) to the wait"
+
+
 def start_traced(trace: Trace, tensors: List[torch.Tensor], configs: dict, label: BuildLabel = UNLABELLED,
-                 probe: bool = False, beside: int = 1) -> PackageBuild:
+                 probe: bool = False, beside: int = 1, waited: bool = False) -> PackageBuild:
     """Trace (`trace()` -> (program, a JSON-able dict of what else the trace found)) and build, off this process
     where it can: in a fork (forked_trace.py: a call with `tensors` on the CPU, no CUDA here), else in a spawned
     process (spawned_trace.py: where only CUDA keeps a fork from it, and `trace` pickles), else here first.
+    `waited`: the caller waits for the build (a block engine's structures built side by side before its first
+    call returns), so it is traced here where a spawned process would have traced it (WAITED_TRACE); a fork
+    starts in a moment and still traces beside the caller.
 
     The dict is the build's `traced` once the trace ended; `trace_process` says where it ran (and `trace_note`
     why here). Traced here, the trace's errors (CompileFailed, BuildInProcess) are raised now; traced in a child
     process, they are the build's failure (`result()` raises it). `beside`: as `start`'s (a block engine's
     structures built side by side share the kernel compilers)."""
     how, why = spawned_trace.chosen(tensors)
+    if waited and how == spawned_trace.SPAWNED:
+        how, why = spawned_trace.CALLER, WAITED_TRACE
     tracer: Optional[forked_trace.TraceProcess] = None
     if how != spawned_trace.CALLER:
         folder = Path(tempfile.mkdtemp(prefix="build-", dir=extraction.run_folder()))
@@ -715,6 +727,7 @@ def start_traced(trace: Trace, tensors: List[torch.Tensor], configs: dict, label
             shutil.rmtree(folder, ignore_errors=True)
     if tracer is None:
         log.info("%s: traced in this process (%s)", label.owner, why)
+        prestart(str(call_device(tensors)))  # its build process starts Python and torch while this process traces
         ep, traced = trace()
         build = start(ep, configs, label, probe, beside=beside)
         build.traced, build.trace_process, build.trace_note = traced, spawned_trace.CALLER, why
