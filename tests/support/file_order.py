@@ -49,6 +49,7 @@ FILE_SECONDS: Dict[str, float] = {
     "tests/test_compiler_crash.py": 45,
     "tests/test_sweeps.py": 43,
     "tests/test_cxx_linkage.py": 36,
+    "tests/test_gpu_host_isa.py": 35,  # added 2026-11-28 (one tiny package build, two spares), measured alone
     "tests/test_fault_boundary.py": 34,
     "tests/test_guard_build.py": 32,
     "tests/test_fresh_process.py": 25,
