@@ -19,6 +19,7 @@ import zipfile
 
 import torch
 
+from compiler import machine_fit
 from compiler.backends import aot, package_build_child, package_builds
 
 
@@ -36,7 +37,11 @@ def test_a_build_without_a_host_isa_probes_none_and_its_package_still_computes(t
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         isas = {json.loads(archive.read(name)).get("AOTI_CPU_ISA")
                 for name in archive.namelist() if name.endswith("_metadata.json")}
-    assert isas == {"INVALID_VEC_ISA"}, isas  # what needs_of_package reads as asking nothing of the CPU
+    assert isas == {"INVALID_VEC_ISA"}, isas
+    # A GPU package naming no ISA asks nothing of the CPU: another machine's CPU can run its host code.
+    needs = machine_fit.needs_of_package({"AOTI_CPU_ISA": "INVALID_VEC_ISA", "AOTI_DEVICE_KEY": "cuda"},
+                                         machine_fit.NO_MARCH, built_here=True)
+    assert needs["cpu_features"] == [] and needs["march"] == "none"
     path = tmp_path / "graph.pt2"
     path.write_bytes(data)
     compiled = torch._inductor.aoti_load_package(str(path))
