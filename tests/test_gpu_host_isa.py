@@ -33,6 +33,7 @@ def test_a_build_without_a_host_isa_probes_none_and_its_package_still_computes(t
     assert not package_build_child.skips_isa_probe(dict(aot.PACKAGE_CONFIG))
     build = package_builds.start(program, {**aot.PACKAGE_CONFIG, **package_builds.GPU_HOST_ISA}, now=True)
     data = build.result(timeout=600)
+    assert build.usage["phase_s"]["kernels"] >= 1, build.usage  # the kernels Inductor generated, for the bench
     assert not kept.exists() or not any(kept.rglob("*")), sorted(kept.rglob("*"))  # no probe ran, nothing kept
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         isas = {json.loads(archive.read(name)).get("AOTI_CPU_ISA")

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from compiler import CompileOptions
-from compiler.backends import program_split
+from compiler.backends import aot, program_split
 from compiler.backends.program_split import CannotSplit, Wiring
 from compiler.diffusers_api import compile_module
 from compiler.manifest import Manifest, ManifestError
@@ -113,3 +113,11 @@ def test_a_program_that_cannot_be_cut_is_built_whole(monkeypatch):
     assert served_difference(unet, twin, 2, 16) < 1e-4 and not forward.last.eager
     (compiled,) = registry.compiles
     assert "parts" not in compiled.detail["phase_s"]
+
+
+def test_parts_built_side_by_side_report_the_slowest_part_s_phases_and_every_part_s_kernels():
+    usages = [{"peak_rss_mb": 900.0, "phase_s": {"codegen_s": 40.0, "startup_s": 0.5, "kernels": 300.0}},
+              {"peak_rss_mb": 700.0, "phase_s": {"codegen_s": 55.0, "startup_s": 6.0, "kernels": 250.0}}]
+    usage = aot._parts_usage(usages)
+    assert usage["peak_rss_mb"] == 900.0
+    assert usage["phase_s"] == {"codegen_s": 55.0, "startup_s": 6.0, "kernels": 550.0, "parts": 2.0}

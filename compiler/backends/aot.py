@@ -479,7 +479,8 @@ def _build_in_parts(ep: "torch.export.ExportedProgram", count: int, progress: Pr
 
 
 def _parts_usage(usages: List[dict]) -> dict:
-    """The parts' builds as one: the largest peak memory; per phase, the slowest part's (they ran at once)."""
+    """The parts' builds as one: the largest peak memory; per phase, the slowest part's (they ran at once); the
+    kernels of all parts."""
     out: dict = {}
     for key in ("peak_rss_mb", "compiler_peak_rss_mb"):
         values = [u[key] for u in usages if key in u]
@@ -488,7 +489,7 @@ def _parts_usage(usages: List[dict]) -> dict:
     phases: Dict[str, float] = {}
     for usage in usages:
         for name, seconds in usage.get("phase_s", {}).items():
-            phases[name] = max(phases.get(name, 0.0), seconds)
+            phases[name] = phases.get(name, 0.0) + seconds if name == "kernels" else max(phases.get(name, 0.0), seconds)
     out["phase_s"] = {**phases, "parts": float(len(usages))}
     return out
 

@@ -225,11 +225,13 @@ def _phases(started: float, loaded: float, compiled: float) -> dict:
            "inductor_s": round(compiled - loaded, 2)}
     try:
         from torch._dynamo.utils import compilation_time_metrics
+        from torch._inductor import metrics
 
         for name, key in PHASES.items():
             times = compilation_time_metrics.get(key)
             if times:
                 out[name + "_s"] = round(sum(times), 2)
+        out["kernels"] = float(metrics.generated_kernel_count)  # kernels Inductor generated (a count, like parts)
     except Exception:  # noqa: BLE001 - phases are a report, never a reason to fail a build
         pass
     return out

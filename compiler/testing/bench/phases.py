@@ -27,6 +27,7 @@ ROWS = (
                    "first call)"),
     ("cpp_build_s", "C++ build (ours: wrapper and kernels; torch.compile: waiting for kernel builds)"),
     ("parts", "parts built side by side (ours)"),
+    ("kernels", "kernels generated (a count; ours: every part's)"),
 )
 
 # torch.compile: our names -> the timers that make them up.
@@ -49,6 +50,12 @@ def torch_compile_phases() -> Dict[str, float]:
         return sum(sum(compilation_time_metrics.get(name, [])) for name in names)
 
     out = {key: round(total(names), 2) for key, names in _TORCH_COMPILE.items()}
+    try:
+        from torch._inductor import metrics
+
+        out["kernels"] = float(metrics.generated_kernel_count)  # every graph's this process compiled
+    except Exception:  # noqa: BLE001 - a count for the report only
+        pass
     inner = total(("compile_fx.<locals>.fw_compiler_base",))
     aot = total(("create_aot_dispatcher_function",))
     if aot:
