@@ -361,3 +361,14 @@ def test_weights_kinds_that_cannot_run_are_skipped_with_the_reason(tmp_path, cap
     skipped = runner._run_weights(tmp_path, ["sd15"], ["fp8"], True, W.VARIANTS, 10.0)
     assert "leaves it out" in skipped["results"]["fp8"]["skipped"]
     assert not list((tmp_path / "w").glob("*.job.json"))  # no process was started for any of them
+
+
+def test_steady_pairs_alternate_and_say_what_else_the_process_ran():
+    from compiler.testing.bench import worker
+
+    calls = []
+    out = worker._steady(lambda fn, shape: fn() or 0.01, lambda: calls.append("eager"),
+                         lambda: calls.append("compiled"), [(1, 8, 8)], 4, lambda: 0)
+    assert calls == ["eager", "compiled"] + ["eager", "compiled", "compiled", "eager"] * 2
+    process = out["1x8x8"]["process"]
+    assert process["wall_s"] >= 0 and process["cpu_s"] >= 0 and isinstance(process["threads"], list)
