@@ -690,7 +690,8 @@ def trace_job(trace: Trace, configs: dict, probe: bool, folder: Path, beside: in
 # H200 (2026-11-28) Flux's two block structures, traced in spawned processes side by side, reached their builds 21.0
 # and 19.8 s after they began, for traces of 3.0 and 2.8 s; the rest was the processes' start (Python, torch, the
 # pack). One after the other here they take the traces' time, and each build starts as its trace ends.
-WAITED_TRACE = "the caller waits for this build, and a spawned process would add its start (Python, torch and the pack) to the wait"
+WAITED_TRACE = ("the caller waits for this build, and a spawned process would add its start (Python, torch and "
+                "the pack) to the wait")
 
 
 def start_traced(trace: Trace, tensors: List[torch.Tensor], configs: dict, label: BuildLabel = UNLABELLED,
