@@ -76,11 +76,13 @@ REAL_DEPTH_SDXL="tests/test_real_depth.py::test_a_unet_at_its_real_depth_compile
 # The SD pipeline compiled, then loaded in a fresh process, the float16 one whose VAE runs upcast (SDXL: its
 # real-depth UNet here). The other API orders of the SD pipeline run in the main suite: what they vary is the order
 # of the pack's own calls, not torch; under 2.11 they only lengthened the leg's slower worker (390 s against the
-# real-depth SDXL's 344 s on the other).
+# real-depth SDXL's 344 s on the other). A GPU program's build without Inductor's ISA probe: it is torch 2.11's
+# probe (a Python importing torch per ISA checked) that the GPU machines run (about 17 s here).
 TORCH211_TESTS=(tests/test_torch_support.py "$REAL_DEPTH_SDXL"
   "tests/test_api_sequences.py::test_sd_pipe_any_api_order_compiles_nothing[compile_then_load]"
   tests/test_api_sequences.py::test_float16_pipe_whose_vae_runs_upcast_compiles_nothing
-  tests/test_api_sequences.py::test_positional_and_keyword_calls_are_one_graph)
+  tests/test_api_sequences.py::test_positional_and_keyword_calls_are_one_graph
+  tests/test_gpu_host_isa.py::test_a_build_without_a_host_isa_probes_none_and_its_package_still_computes)
 # The OneFlow tests (one process, about a minute) run beside the torch 2.11 leg, whose two workers rarely end
 # together: they take the core the first one to finish leaves. Their output follows the leg's. They start once
 # their environment is set up, which the torch 2.11 leg does not wait for (its setup is the smaller one).
