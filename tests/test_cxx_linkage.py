@@ -70,13 +70,17 @@ def test_a_compiler_that_forces_the_static_runtime_builds_no_package(forced_stat
         cxx_linkage.apply(tmp_path / "cxx-link")
 
 
-def test_apply_gives_inductor_the_wrapper(archive_only_gxx, tmp_path, monkeypatch):
+def test_apply_gives_inductor_the_wrapper(archive_only_gxx, tmp_path):
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, archive_only_gxx))
-    linkage = cxx_linkage.apply(tmp_path / "cxx-link")
-    assert linkage.state == "linked" and inductor_config.cpp.cxx == (None, linkage.compiler)
-    assert cxx_linkage.apply(tmp_path / "cxx-link").reason == "already the pack's wrapper"
+    # Inductor's own patch, not monkeypatch.setattr: pytest's undo deletes the entry from torch's config proxy
+    # (torch 2.13), and every later compile in the process then failed with "config.cpp.cxx does not exist"
+    # (tests/test_load_stages.py after this file in one worker).
+    with inductor_config.patch({"cpp.cxx": (None, archive_only_gxx)}):
+        linkage = cxx_linkage.apply(tmp_path / "cxx-link")
+        assert linkage.state == "linked" and inductor_config.cpp.cxx == (None, linkage.compiler)
+        assert cxx_linkage.apply(tmp_path / "cxx-link").reason == "already the pack's wrapper"
+    assert inductor_config.cpp.cxx[1] != linkage.compiler
 
 
 def test_needed_libraries_refuses_what_is_not_an_elf_file(tmp_path):
