@@ -71,6 +71,7 @@ def test_a_ratio_against_torch_compile_through_eagers_that_differ_between_proces
     jobs = _jobs()
     loaded = next(job for job in jobs if job["variant"] == "ours_aot_load")
     loaded["steady"] = _steady([(2, 32, 32), (1, 24, 24)], 3.0, 1.5)  # its eager 1.5x torch.compile's
+    loaded["steady"]["2x32x32"]["process"] = {"wall_s": 2.0, "cpu_s": 3.0, "threads": ["busy"], "loadavg": None}
     summary = report.summarise(jobs, META)
     target = summary["targets"]["steady_ratio_vs_torch_compile"]
     assert summary["steady_ratio_vs_torch_compile"] == pytest.approx(1.6) and target["met"] is None
@@ -78,7 +79,7 @@ def test_a_ratio_against_torch_compile_through_eagers_that_differ_between_proces
     text = report.markdown(summary)
     assert "not measured: eager differed 1.50x between the processes" in text
     assert "the compiled medians side by side, ms: torch.compile 1600.00 (its eager 2000.00)" in text
-    assert "ours (aot, loaded) 1500.00 (its eager 3000.00)" in text
+    assert "ours (aot, loaded) 1500.00 (its eager 3000.00, process CPU 1.50x its wall time)" in text
     assert summary["targets"]["steady_ratio_vs_eager"]["met"] is not None  # a ratio within one process stands
     same = report.summarise(_jobs(), META)
     assert same["targets"]["steady_ratio_vs_torch_compile"]["met"] is True

@@ -118,6 +118,9 @@ def model_summary(name: str, jobs: Dict[str, dict], spec: Optional[dict] = None)
             row[f"{variant}_eager_s"] = cell["eager_median_s"]
             row[f"{variant}_vs_eager"] = cell["eager_median_s"] / cell["compiled_median_s"]
             row[f"{variant}_compiles_during"] = cell.get("compiles_during", 0)
+            process = cell.get("process") or {}
+            if process.get("wall_s"):  # above 1: other threads of the process were busy while the pairs ran
+                row[f"{variant}_cpu_per_wall"] = process["cpu_s"] / process["wall_s"]
             if cell.get("eager_min_s") and cell.get("compiled_min_s"):
                 row[f"{variant}_vs_eager_fastest"] = cell["eager_min_s"] / cell["compiled_min_s"]
         row["eager_s"] = statistics.median(eagers) if eagers else None
@@ -418,7 +421,9 @@ def markdown(summary: Dict[str, Any]) -> str:
                 add(f"{key}: eager's median differed {row['eager_spread']:.2f}x between the processes, so a ratio "
                     "against torch.compile through each process's eager does not measure ours against it; the "
                     "compiled medians side by side, ms: " + ", ".join(
-                        f"{SHORT[v]} {row[f'{v}_s'] * 1000:.2f} (its eager {row[f'{v}_eager_s'] * 1000:.2f})"
+                        f"{SHORT[v]} {row[f'{v}_s'] * 1000:.2f} (its eager {row[f'{v}_eager_s'] * 1000:.2f}"
+                        + (f", process CPU {row[f'{v}_cpu_per_wall']:.2f}x its wall time"
+                           if row.get(f"{v}_cpu_per_wall") is not None else "") + ")"
                         for v in COMPILED if row.get(f"{v}_s") is not None) + ".")
         fastest = {v: ratios.get(v, {}).get("vs_eager_fastest") for v in COMPILED}
         if any(fastest.values()):
