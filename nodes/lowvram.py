@@ -61,13 +61,15 @@ class LowVramWeights:
         self._layers: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
         self._plain: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
 
-    def plain_holders(self, module: torch.nn.Module) -> List[Tuple[str, torch.nn.Module]]:
-        """The modules in `module` that hold tensors of their own and are not ComfyUI's castable layers (an
-        RMSNorm's scale), found once per module."""
+    def plain_tensors(self, module: torch.nn.Module) -> List[Tuple[str, torch.nn.Module, str]]:
+        """(the graph's name, the holder, its attribute) of every tensor in `module` held by a module that is not one
+        of ComfyUI's castable layers (an RMSNorm's scale), found once per module."""
         found = self._plain.get(module)
         if found is None:
-            found = self._plain[module] = [(path, sub) for path, sub in module.named_modules()
-                                           if not hasattr(sub, "weight_function") and (sub._parameters or sub._buffers)]
+            found = self._plain[module] = [
+                (MODULE_PREFIX + (f"{path}." if path else "") + name, sub, name)
+                for path, sub in module.named_modules() if not hasattr(sub, "weight_function")
+                for name in (*sub._parameters, *sub._buffers)]
         return found
 
     def layers(self, module: torch.nn.Module) -> List[Tuple[str, torch.nn.Module]]:
@@ -121,11 +123,11 @@ class LowVramWeights:
                     value = function(value)
                 tensors[MODULE_PREFIX + (f"{path}." if path else "") + name] = value
         if device is not None and device.type != "cpu":
-            for path, holder in self.plain_holders(module):
-                for name, stored in list(holder._parameters.items()) + list(holder._buffers.items()):
-                    if stored is None or stored.device.type != "cpu" or subclass_parts(stored) is not None:
-                        continue  # only what a partial load left in CPU memory
-                    # as the model's own code does with it (comfy.model_management.cast_to): a copy on the call's
-                    # device, its dtype kept
-                    tensors[MODULE_PREFIX + (f"{path}." if path else "") + name] = stored.to(device=device, copy=True)
+            for key, holder, name in self.plain_tensors(module):
+                stored = getattr(holder, name, None)
+                if stored is None or stored.device.type != "cpu" or subclass_parts(stored) is not None:
+                    continue  # only what a partial load left in CPU memory
+                # as the model's own code does with it (comfy.model_management.cast_to): a copy on the call's
+                # device, its dtype kept
+                tensors[key] = stored.to(device=device, copy=True)
         return (tensors, True) if tensors else None

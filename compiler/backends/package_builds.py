@@ -417,8 +417,7 @@ def prestart(device: str = "cpu") -> None:
         return
     kind = host_kind(device)
     with _lock:
-        if _spare is not None and _spare[2] == os.getpid() and _spare[1] == CHILD and _spare[3] == kind \
-                and _spare[0].poll() is None:
+        if _serves(_spare, kind):
             return
         _stop_spare()
         try:
@@ -432,14 +431,20 @@ def prestart(device: str = "cpu") -> None:
         _spare = (process, CHILD, os.getpid(), kind)
 
 
+def _serves(spare: Optional[Tuple[subprocess.Popen, Path, int, str]], kind: str) -> bool:
+    """Whether `spare` can take this process's next build of `kind`: this process started it, for the child script
+    that runs now and that kind of program, and it is still running."""
+    return (spare is not None and spare[2] == os.getpid() and spare[1] == CHILD and spare[3] == kind
+            and spare[0].poll() is None)
+
+
 def _take_spare(folder: Path, kind: str = "cpu") -> Optional[subprocess.Popen]:
     """The spare build process, given `folder` as its build (None: there is none for this process, child and
     `kind` of program; a spare of the other kind is stopped)."""
     global _spare
     with _lock:
         spare, _spare = _spare, None
-    if spare is None or spare[2] != os.getpid() or spare[1] != CHILD or spare[3] != kind \
-            or spare[0].poll() is not None:
+    if not _serves(spare, kind):
         if spare is not None and spare[2] == os.getpid():
             _kill(spare[0])
         return None

@@ -223,15 +223,14 @@ class BlockBuild:
 
     def __init__(self, module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: GraphKey, label: BuildLabel,
                  forward: Callable = _own_forward,
-                 tracing: Callable[[torch.nn.Module], ContextManager] = _as_it_is, beside: int = 1,
-                 waited: bool = False):
+                 tracing: Callable[[torch.nn.Module], ContextManager] = _as_it_is, beside: int = 1):
         self.call, self.bounds, self.key = call, bounds, key
         self.beside = beside  # the block structures built at once with this one, it included
         refuse_where_the_loader_crashes(key.family.device)
         traced = functools.partial(block_for_build, module, call, bounds, key, forward, tracing)
         # The CPU level is picked in the build process (Inductor's probe compiles test programs: not here).
         self.build = package_builds.start_traced(traced, list(call.tensors), dict(PACKAGE_CONFIG), label, probe=True,
-                                                 beside=beside, waited=waited)
+                                                 beside=beside, waited=self.together)
 
     @property
     def traced(self) -> TracedBlock:

@@ -240,8 +240,7 @@ class BlockGraphSource:
                                           BuildLabel(owner=engine.label, what=f"block {server.group.class_name}",
                                                      family=family.id, owner_id=f"{engine.label}@{id(engine):x}"),
                                           forward=engine.family.block_forward, tracing=engine.family.tracing,
-                                          beside=len(engine.servers) if engine.together else 1,
-                                          waited=engine.together)
+                                          beside=len(engine.servers) if engine.together else 1)
         except BuildInProcess as why:
             log.info("%s: building in this process: %s", server.label, why)
             return None
