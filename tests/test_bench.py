@@ -75,15 +75,33 @@ def test_a_ratio_against_torch_compile_through_eagers_that_differ_between_proces
     summary = report.summarise(jobs, META)
     target = summary["targets"]["steady_ratio_vs_torch_compile"]
     assert summary["steady_ratio_vs_torch_compile"] == pytest.approx(1.6) and target["met"] is None
-    assert target["note"] == "not measured: eager differed 1.50x between the processes"
+    assert target["note"] == "not measured: eager differed 1.50x between our process and torch.compile's"
     text = report.markdown(summary)
-    assert "not measured: eager differed 1.50x between the processes" in text
+    assert "not measured: eager differed 1.50x between our process and torch.compile's" in text
+    assert "(within 1.25x; not: ours (aot, loaded))" in text
     assert "the compiled medians side by side, ms: torch.compile 1600.00 (its eager 2000.00)" in text
     assert "ours (aot, loaded) 1500.00 (its eager 3000.00, process CPU 1.50x its wall time)" in text
     assert summary["targets"]["steady_ratio_vs_eager"]["met"] is not None  # a ratio within one process stands
     same = report.summarise(_jobs(), META)
     assert same["targets"]["steady_ratio_vs_torch_compile"]["met"] is True
     assert "note" not in same["targets"]["steady_ratio_vs_torch_compile"]
+
+
+def test_a_third_process_whose_eager_differed_leaves_the_pair_that_agreed_measured():
+    """The fourth H200 run: eager 45.64 ms in our loaded graph's process and 46.24 in torch.compile's, 29.72 in the
+    CUDA graph replays' process; ours against torch.compile (21.85 against 21.30 ms) is a measure, NOT met."""
+    jobs = _jobs()
+    for job in jobs:
+        if job["variant"] == "ours_aot_load":
+            job["steady"] = _steady([(2, 32, 32), (1, 24, 24)], 2.05, 2.1)  # ours 2.1 s, its eager 2.05 s
+    replays = next(job for job in jobs if job["variant"] == "ours_aot_load")
+    jobs.append({**replays, "variant": "ours_aot_load_cg", "steady": _steady([(2, 32, 32), (1, 24, 24)], 1.3, 0.8)})
+    summary = report.summarise(jobs, META)
+    target = summary["targets"]["steady_ratio_vs_torch_compile"]
+    assert summary["models"]["sd15"]["steady"]["2x32x32"]["eager_spread"] > report.EAGER_SPREAD_LIMIT
+    assert target["met"] is False and "note" not in target, target
+    text = report.markdown(summary)
+    assert "(within 1.25x; not: ours (aot, loaded, CUDA graphs))" in text, text
 
 
 def test_missing_measurements_read_as_not_run():

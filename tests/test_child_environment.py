@@ -40,3 +40,32 @@ def test_builds_share_a_kept_triton_kernel_cache_unless_the_user_chose_one(monke
     assert not kept.is_relative_to(tmp_path / "build")  # outlives the build's folder
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
     assert package_builds._child_options({})["env"]["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+def test_lower_takes_the_job_s_step_over_the_setting():
+    program = LOWERED.replace("m.lower()", "m.lower(0)")
+    env = {**os.environ, "KEEPFAST_BUILD_NICE": "7"}
+    out = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, check=True)
+    assert int(out.stdout.split()[0]) == os.nice(0)  # a build the caller waits for keeps the caller's priority
+
+
+@pytest.mark.parametrize("how, expected", [("now", 0), ("waited", 0), ("background", 10)])
+def test_a_build_the_caller_waits_for_runs_at_its_priority(how, expected, monkeypatch):
+    """On the H200 the device check's other lane compiled at full priority beside our lowered SD1.5 build."""
+    import json
+
+    import torch
+
+    from compiler.backends import package_builds
+
+    monkeypatch.delenv("KEEPFAST_BUILD_NICE", raising=False)
+    monkeypatch.setattr(package_builds, "_pump", lambda: None)  # queued builds stay queued: only the job is read
+    program = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(2, 4),))
+    build = package_builds.start(program, {}, now=False, waited=how == "waited") if how != "now" else None
+    if build is None:
+        monkeypatch.setattr(package_builds.PackageBuild, "_launch", lambda self: None)
+        build = package_builds.start(program, {}, now=True)
+    try:
+        assert json.loads((build.folder / "job.json").read_text())["nice"] == expected
+    finally:
+        build.cancel()

@@ -478,9 +478,13 @@ def _build_in_parts(ep: "torch.export.ExportedProgram", count: int, progress: Pr
     return read_package(package, probe.get("march"), progress, vec, wiring.to_json())._replace(usage=usage)
 
 
+# Phases that add up over parts built at once (counts, CPU seconds, processes, cores); the others are times.
+_SUMMED_OVER_PARTS = ("kernels", "compile_cpu_s", "compile_processes_max", "compile_cores_busy")
+
+
 def _parts_usage(usages: List[dict]) -> dict:
-    """The parts' builds as one: the largest peak memory; per phase, the slowest part's (they ran at once); the
-    kernels of all parts."""
+    """The parts' builds as one: the largest peak memory; per phase, the slowest part's (they ran at once), but
+    the kernels, CPU seconds, processes and busy cores of all parts; the slowest part's main-thread samples."""
     out: dict = {}
     for key in ("peak_rss_mb", "compiler_peak_rss_mb"):
         values = [u[key] for u in usages if key in u]
@@ -488,9 +492,12 @@ def _parts_usage(usages: List[dict]) -> dict:
             out[key] = max(values)
     phases: Dict[str, float] = {}
     for usage in usages:
-        for name, seconds in usage.get("phase_s", {}).items():
-            phases[name] = phases.get(name, 0.0) + seconds if name == "kernels" else max(phases.get(name, 0.0), seconds)
+        for name, value in usage.get("phase_s", {}).items():
+            phases[name] = phases.get(name, 0.0) + value if name in _SUMMED_OVER_PARTS else max(phases.get(name, 0.0), value)
     out["phase_s"] = {**phases, "parts": float(len(usages))}
+    slowest = max(usages, key=lambda u: u.get("phase_s", {}).get("inductor_s", 0.0), default={})
+    if slowest.get("main_thread"):
+        out["main_thread"] = slowest["main_thread"]
     return out
 
 

@@ -1,6 +1,11 @@
 """The priority of the pack's own processes (graph builds, traces): below the model's, so that an image in
 progress keeps the cores it uses and a build takes what is left.
 
+A build the caller waits for (its first call, or block structures built before the first call returns) runs at
+the caller's priority instead: nothing of the caller's runs meanwhile, and a lowered build loses its cores to
+whatever else the machine runs (on the H200, 2026-11-28, the device check's other lane compiled with
+torch.compile at full priority while our SD1.5 build, lowered, waited 76.4 s for its Triton kernels).
+
 KEEPFAST_BUILD_NICE says how far below, as `nice` counts (0 to 19; default 10; 0 runs them at the caller's
 priority: a GPU machine whose CPU the model leaves idle can build at full priority). Standalone (no imports
 from the pack): build processes load it by its path.
@@ -9,6 +14,7 @@ from the pack): build processes load it by its path.
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 NICE_ENV = "KEEPFAST_BUILD_NICE"
 DEFAULT_NICENESS = 10
@@ -22,9 +28,10 @@ def niceness() -> int:
     return DEFAULT_NICENESS
 
 
-def lower() -> None:
-    """Lower this process's priority by `niceness()`; where the system refuses, it runs at its current one."""
-    step = niceness()
+def lower(step: Optional[int] = None) -> None:
+    """Lower this process's priority by `step` (`niceness()` where None); where the system refuses, it runs at its
+    current one."""
+    step = niceness() if step is None else step
     if step <= 0:
         return
     try:

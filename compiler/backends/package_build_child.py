@@ -13,7 +13,7 @@ past that, the build stops with that reason.
 
 This file imports torch only (and those operator modules), never the pack: in
 ComfyUI the pack's package name is not one a child process can import. It lowers its own priority so the
-sampler in the parent keeps the cores it needs. When the parent is gone (its lifeline pipe reads
+sampler in the parent keeps the cores it needs, unless the parent waits for it (the job's "nice": 0). When the parent is gone (its lifeline pipe reads
 end-of-file), it stops and removes what the build and the parent left.
 """
 
@@ -237,9 +237,10 @@ def _phases(started: float, loaded: float, compiled: float) -> dict:
     return out
 
 
-def _write_usage(folder: str, phases: dict) -> None:
-    """Peak memory of this process and of the largest compiler process it ran (MB), and where the time went,
-    for the parent's log and the bench."""
+def _write_usage(folder: str, phases: dict, samples: Optional[list] = None) -> None:
+    """Peak memory of this process and of the largest compiler process it ran (MB), and where the time went
+    (`samples`: where the main thread was during the compile, build_profile.py), for the parent's log and the
+    bench."""
     try:
         import resource
 
@@ -247,7 +248,7 @@ def _write_usage(folder: str, phases: dict) -> None:
         compilers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         with open(os.path.join(folder, "usage.json"), "w") as handle:
             json.dump({"peak_rss_mb": round(own, 1), "compiler_peak_rss_mb": round(compilers, 1),
-                       "phase_s": phases}, handle)
+                       "phase_s": phases, "main_thread": samples or []}, handle)
     except (ImportError, OSError):
         pass
 
@@ -377,12 +378,14 @@ def main(folder: str) -> int:
     _stop_when_the_parent_is_gone(folder)
     _bound_memory(folder)
     _report_stacks(folder)
-    _sibling("child_priority").lower()
     try:
         import torch
 
         with open(os.path.join(folder, "job.json")) as handle:
             job = json.load(handle)
+        # below the caller's priority unless the caller waits for this build (job "nice" 0: child_priority.py);
+        # before the kernel compilers start, which take this process's priority
+        _sibling("child_priority").lower(job.get("nice"))
         configs = dict(job["configs"])
         no_isa = skips_isa_probe(configs)
         if no_isa:
@@ -413,12 +416,14 @@ def main(folder: str) -> int:
         program._state_dict.update(_weights(job["weights"]))
         loaded = time.perf_counter() - BEGUN
         target = os.path.join(folder, "graph.partial.pt2")
-        torch._inductor.aoti_compile_and_package(program, package_path=target, inductor_configs=configs)
-        phases = _phases(started, loaded, time.perf_counter() - BEGUN)
-        _write_usage(folder, phases)  # first: a load that kills this process leaves where the build's time went
+        with _sibling("build_profile").CompileProfile() as profile:
+            torch._inductor.aoti_compile_and_package(program, package_path=target, inductor_configs=configs)
+        phases = {**_phases(started, loaded, time.perf_counter() - BEGUN), **profile.phases()}
+        samples = profile.sampler.top()
+        _write_usage(folder, phases, samples)  # first: a load that kills this process leaves where the time went
         checked = _load_first(folder, target, _kind(job["weights"]))
         if checked:
-            _write_usage(folder, {**phases, **checked})
+            _write_usage(folder, {**phases, **checked}, samples)
         os.replace(target, os.path.join(folder, "graph.pt2"))  # whole, or not there
         return 0
     except BaseException as error:  # noqa: BLE001 - the parent reads the reason from error.txt

@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 import torch
 
 from .. import build_times, extraction, machine_fit
-from . import conv_layout, forked_trace, loader_check, spawned_trace
+from . import child_priority, conv_layout, forked_trace, loader_check, spawned_trace
 from .base import UNLABELLED, BuildInProcess, BuildLabel, CompileFailed, call_device
 
 REAL_CHILD = Path(__file__).with_name("package_build_child.py")
@@ -498,6 +498,9 @@ def _read_usage(folder: Path) -> Dict[str, Any]:
     phases = data.get("phase_s")
     if isinstance(phases, dict):
         usage["phase_s"] = {k: float(v) for k, v in phases.items() if isinstance(v, (int, float))}
+    samples = data.get("main_thread")
+    if isinstance(samples, list):  # where the build's main thread was (build_profile.py): [[signature, share]]
+        usage["main_thread"] = [list(item) for item in samples if isinstance(item, list) and len(item) == 2]
     return usage
 
 
@@ -620,7 +623,7 @@ GPU_HOST_ISA = {"cpp.vec_isa_ok": False}
 
 
 def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, folder: Path,
-               beside: int = 1) -> None:
+               beside: int = 1, waited: bool = False) -> None:
     """The build's inputs in its folder: the program without its weights, their layout, the configuration.
 
     `probe` asks the child for the CPU level (machine_fit.build_probe) -- for a CPU program only. A GPU program's
@@ -631,7 +634,8 @@ def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, f
     light, layout = weightless(ep)
     device = program_device(ep, layout)
     job = {"weights": layout, "configs": configs, "imports": operator_modules(ep), "isa_cache": str(isa_cache()),
-           "cxx_link": str(cxx_link_folder()), "device": device, "compile_threads": kernel_compile_threads(beside)}
+           "cxx_link": str(cxx_link_folder()), "device": device, "compile_threads": kernel_compile_threads(beside),
+           "nice": 0 if waited else child_priority.niceness()}  # a build the caller waits for keeps its priority
     built_for = None
     if device != "cpu":
         march, settings = machine_fit.gpu_host_build()
@@ -659,17 +663,19 @@ def _new_build(folder: Path, label: BuildLabel, queued: bool) -> PackageBuild:
 
 
 def start(ep: "torch.export.ExportedProgram", configs: dict, label: BuildLabel = UNLABELLED,
-          probe: bool = False, now: bool = False, beside: int = 1) -> PackageBuild:
+          probe: bool = False, now: bool = False, beside: int = 1, waited: bool = False) -> PackageBuild:
     """Start building `ep`'s package (weights left out) in a child process; `label` says what for.
 
     `probe`: the child picks the CPU level to build for (machine_fit.build_probe, Inductor's ISA probe,
     which compiles test programs) and adds it to `configs`; `PackageBuild.probe` says what it found. The
     caller then never runs the probe on the path of the call that started the build.
     `now`: the build starts at once, whatever else runs (a caller waits for it: not behind background builds).
-    `beside`: the builds started together with this one, it included (a graph's parts): they share the cores."""
+    `beside`: the builds started together with this one, it included (a graph's parts): they share the cores.
+    `waited`: the caller waits for it though it queues (`now` says so too): it runs at the caller's priority
+    (child_priority.py); a background build runs below it."""
     folder = Path(tempfile.mkdtemp(prefix="build-", dir=extraction.run_folder()))
     try:
-        _write_job(ep, configs, probe, folder, beside)
+        _write_job(ep, configs, probe, folder, beside, waited=now or waited)
     except Exception:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -735,7 +741,7 @@ def start_traced(trace: Trace, tensors: List[torch.Tensor], configs: dict, label
         log.info("%s: traced in this process (%s)", label.owner, why)
         prestart(str(call_device(tensors)))  # its build process starts Python and torch while this process traces
         ep, traced = trace()
-        build = start(ep, configs, label, probe, beside=beside)
+        build = start(ep, configs, label, probe, beside=beside, waited=waited)
         build.traced, build.trace_process, build.trace_note = traced, spawned_trace.CALLER, why
         return build
     log.info("%s: traced in a %s process%s", label.owner, tracer.how, f" ({why})" if why else "")

@@ -17,6 +17,7 @@ and under partial loading the layers ComfyUI left in CPU memory. `--tiny` (the t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..comfy_pack import comfy_with_pack
+from . import gpu_memory
 
 REPOSITORY = Path(__file__).resolve().parents[3]
 BLOCKING_BUILD = "before the first image"  # the node's build choice that compiles before the first image
@@ -42,13 +44,14 @@ class _StepTimer:
     """KSampler's per-step callback: the wall time of each step (the device synchronised first)."""
 
     def __init__(self, cuda: bool):
-        self.cuda, self.marks = cuda, []
+        self.cuda, self.marks, self.allocated_mb = cuda, [], []
 
     def __call__(self, step, x0, x, total) -> None:
         if self.cuda:
             import torch
 
             torch.cuda.synchronize()
+            self.allocated_mb.append(gpu_memory.allocated_mb())  # memory that grows step after step is held
         self.marks.append(time.perf_counter())
 
     def step_ms(self) -> Optional[float]:
@@ -56,8 +59,9 @@ class _StepTimer:
         return round(statistics.median(gaps), 2) if gaps else None
 
 
-def _timed_sample(F, family, model, inputs: dict, steps: int, cuda: bool):
-    """(final latent, seconds, median step ms) of one sample like KSampler's."""
+def _timed_sample(F, family, model, inputs: dict, steps: int, cuda: bool, steps_mb: Optional[list] = None):
+    """(final latent, seconds, median step ms) of one sample like KSampler's; `steps_mb`, where given, gets the
+    allocated memory after each step."""
     timer = _StepTimer(cuda)
     started = time.perf_counter()
     out = F.sample(family, inputs["positive"], inputs["negative"], inputs["latent"], steps=steps, seed=3,
@@ -66,7 +70,36 @@ def _timed_sample(F, family, model, inputs: dict, steps: int, cuda: bool):
         import torch
 
         torch.cuda.synchronize()
+    if steps_mb is not None:
+        steps_mb.extend(timer.allocated_mb)
     return out, round(time.perf_counter() - started, 3), timer.step_ms()
+
+
+def _two_samples(F, family, model, inputs: dict, steps: int, cuda: bool, memory: dict, who: str,
+                 history: bool = False):
+    """A first sample (its compile, if any) and a timed second one, with what they held: the peak of the two
+    (MB), the allocated memory after each step, what ComfyUI had loaded after the first, and with `history` the
+    allocations live after both by the line that made them (gpu_memory.py)."""
+    import torch
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    steps_mb: list = []
+    recorder = gpu_memory.allocation_history() if history and cuda else contextlib.nullcontext({})
+    with recorder as live:
+        first, first_s, _ = _timed_sample(F, family, model, inputs, steps, cuda, steps_mb)
+        memory["loaded_mb_after_first"][who] = round(model.loaded_size() / 2 ** 20)
+        # weights ComfyUI left in CPU memory move in per call: pinned, asynchronously; else through pageable memory
+        import comfy.model_management as mm
+
+        memory.setdefault("pinned_mb_after_first", {})[who] = round(getattr(mm, "TOTAL_PINNED_MEMORY", 0) / 2 ** 20)
+        out, _, ms = _timed_sample(F, family, model, inputs, steps, cuda, steps_mb)
+    if cuda:
+        memory["peak_mb"][who] = round(torch.cuda.max_memory_allocated() / 2 ** 20)
+        memory["allocated_mb_by_step"][who] = steps_mb
+    if live:
+        memory["live_after"] = {**memory.get("live_after", {}), who: live}
+    return first, first_s, out, ms
 
 
 def _served(name: str, nodes_unet, blocks, fast, diffusion_model) -> Dict[str, int]:
@@ -132,15 +165,16 @@ def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, ste
             mm.EXTRA_RESERVED_VRAM = max(0, int(free - weights_mb * 2 ** 20 * PARTIAL_SHARE
                                                 - mm.minimum_inference_memory()))
             row["reserved_vram_mb"] = round(mm.EXTRA_RESERVED_VRAM / 2 ** 20)
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()  # this mode's peak (eager's and ours' samples together)
         mark, counts = len(registry.events), dict(registry.log.counts)
         # What ComfyUI saw before each one's samples (free memory: what its partial load fits in) and what it
-        # loaded: both must be loaded alike for their step times to compare.
-        memory = {"free_mb_before": {}, "loaded_mb": {}}
+        # loaded: both must be loaded alike for their step times to compare. Each one's own peak, and under partial
+        # loading what ours left allocated (the fourth H200 run: a peak of 11396 MB for both together, and none
+        # of the model loaded for ours by the end).
+        memory = {"free_mb_before": {}, "loaded_mb": {}, "loaded_mb_after_first": {}, "peak_mb": {},
+                  "allocated_mb_by_step": {}}
         memory["free_mb_before"]["eager"] = _free_mb(mm)
-        eager_first, eager_first_s, _ = _timed_sample(F, family, family.patcher, inputs, steps, cuda)
-        want, _, eager_ms = _timed_sample(F, family, family.patcher, inputs, steps, cuda)
+        eager_first, eager_first_s, want, eager_ms = _two_samples(F, family, family.patcher, inputs, steps, cuda,
+                                                                   memory, "eager")
         row["eager_offloaded_layers"] = _offloaded_layers(diffusion_model)
         memory["loaded_mb"]["eager"] = round(family.patcher.loaded_size() / 2 ** 20)
         served = _served(name, nodes_unet, blocks, fast, diffusion_model)
@@ -150,8 +184,8 @@ def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, ste
             # load_models_gpu; the third H200 run's 26 layers left out for ours against eager's 15)
             mm.unload_all_models()
         memory["free_mb_before"]["ours"] = _free_mb(mm)
-        got_first, first_s, _ = _timed_sample(F, family, fast, inputs, steps, cuda)
-        got, _, ours_ms = _timed_sample(F, family, fast, inputs, steps, cuda)
+        got_first, first_s, got, ours_ms = _two_samples(F, family, fast, inputs, steps, cuda, memory, "ours",
+                                                        history=mode == "partial")
         row["ours_offloaded_layers"] = _offloaded_layers(diffusion_model)
         memory["loaded_mb"]["ours"] = round(fast.loaded_size() / 2 ** 20)
         memory["loaded_models"] = [type(m.model.model).__name__ if hasattr(m.model, "model") else str(m)
@@ -172,8 +206,14 @@ def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, ste
                                                                                     "mismatch")][:12],
             graph_calls=after["graph_calls"] - served["graph_calls"],
             eager_calls=after["eager_calls"] - served["eager_calls"])
+        if mode == "partial":
+            # eager again, after ours and loaded afresh: whether eager's own step time depends on what ran before
+            # (the fourth H200 run: SD1.5's ours ran eager, by design, at 127.97 ms a step against eager's 69.73)
+            mm.unload_all_models()
+            _, _, _, row["eager_again_step_ms"] = _two_samples(F, family, family.patcher, inputs, steps, cuda,
+                                                               memory, "eager_again")
         if cuda:
-            row["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / 2 ** 20)
+            row["peak_gpu_mb"] = max(memory["peak_mb"].values())
         rows.append(row)
         print(json.dumps(row), flush=True)
     mm.EXTRA_RESERVED_VRAM = reserved

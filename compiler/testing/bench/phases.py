@@ -9,7 +9,7 @@ generation) carry the same names; what differs is named for what it is.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Optional
 
 # Rows of the report's phase table, in order: (key, what it is).
 ROWS = (
@@ -26,6 +26,11 @@ ROWS = (
     ("autotune_s", "benchmarking kernel configurations (ours on a GPU: in code generation; torch.compile: in its "
                    "first call)"),
     ("cpp_build_s", "C++ build (ours: wrapper and kernels; torch.compile: waiting for kernel builds)"),
+    ("compile_cpu_s", "CPU seconds of the build processes and the compilers they ran (ours)"),
+    ("compile_cores_busy", "cores the build processes kept busy on average (ours: every part's added)"),
+    ("call_cpu_s", "CPU seconds of the first call's process and the compilers it ran (torch.compile: its whole "
+                   "compile; ours: the trace, and the wait for the build)"),
+    ("call_cores_busy", "cores the first call's process kept busy on average"),
     ("parts", "parts built side by side (ours)"),
     ("kernels", "kernels generated (a count; ours: every part's)"),
 )
@@ -73,3 +78,19 @@ def ours_phases(compile_details: List[dict]) -> Dict[str, float]:
             else:
                 out[key] = round(out.get(key, 0.0) + value, 2)
     return out
+
+
+def slowest_build_samples(compile_details: List[dict]) -> List[list]:
+    """Where the main thread of our slowest build was (build_profile.py samples, [[signature, share]])."""
+    builds = [d for d in compile_details if d.get("main_thread")]
+    if not builds:
+        return []
+    return max(builds, key=lambda d: (d.get("phase_s") or {}).get("inductor_s", 0.0))["main_thread"]
+
+
+def with_call_profile(phase_s: Dict[str, float], profile: Optional[dict]) -> Dict[str, float]:
+    """A job's phases with its first call's own CPU figures (worker.py's `first_call_profile`) as `call_*`."""
+    profile = profile or {}
+    extra = {f"call_{key[len('compile_'):]}": value for key, value in profile.items()
+             if key in ("compile_cpu_s", "compile_cores_busy") and value}
+    return {**phase_s, **extra}

@@ -59,6 +59,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from ...backends.build_profile import CompileProfile
 from . import phases
 
 _T0 = time.perf_counter()
@@ -215,7 +216,9 @@ def run_job(job: Dict[str, Any], checkpoint: Callable[[Dict[str, Any]], None] = 
     # -- first call: a cold compile, a warm-cache compile, a load, or eager's first call
     before = count()
     _say(f"{variant} {model.name}: built in {result['build_s']:.1f} s; first call at {base}")
-    result["first_call_s"] = timed(compiled_fn, base)
+    with CompileProfile() as profile:  # the CPU this job's processes used in it, where its main thread was
+        result["first_call_s"] = timed(compiled_fn, base)
+    result["first_call_profile"] = {**profile.phases(), "main_thread": profile.sampler.top()}
     _say(f"first call {result['first_call_s']:.1f} s, {count() - before} compiles")
     result["first_result_at"] = time.time()  # wall clock: the parent subtracts its spawn time
     result["first_call_compiles"] = count() - before
@@ -225,6 +228,7 @@ def run_job(job: Dict[str, Any], checkpoint: Callable[[Dict[str, Any]], None] = 
     # Where the first call's compile time went (phases.py): ours from its builds, torch.compile from its timers.
     if registry is not None and registry.compiles:
         result["first_call_phases"] = phases.ours_phases([e.detail for e in registry.compiles])
+        result["first_call_build_main_thread"] = phases.slowest_build_samples([e.detail for e in registry.compiles])
     elif variant in ("torch_compile", "torch_compile_blocks"):
         result["first_call_phases"] = phases.torch_compile_phases()
     result["rss_after_first_call_mb"] = _rss_mb()

@@ -1,0 +1,132 @@
+"""Where a compile's time goes beyond its phase timers: the CPU its processes used, and where its main thread was.
+
+Why: on the H200 (2026-11-28, fourth session) the SD1.5 UNet's build waited 76.4 s for Triton's kernel builds
+after writing its 368 kernels, where torch.compile's first call waited 0.3 s for 378 of its own. Inductor's timers
+say how long the wait was, not whether the kernel compilers were busy all that time (each kernel costs more to
+build) or idle (the kernels were built one after another somewhere). Two figures tell them apart, the same way for
+a build process and for torch.compile's own process:
+
+- `group_cpu_seconds()`: CPU seconds of every process in this process's group (a build process and the Triton
+  compile workers and compilers it started: `start_new_session` gives each its own group), the ended compilers
+  included once their parents reaped them. Over a compile, this against its wall time is how many cores it kept
+  busy.
+- `MainThreadSampler`: the main thread's innermost frames, sampled from a Python thread every `every_s`, counted
+  by signature: waiting on a future (the workers build) or compiling (this process builds). A sample needs the
+  GIL, so C code that holds it is seen late: a share is a guide, not a measure.
+
+Standalone (the standard library only): a build process loads it by its path (package_build_child.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from typing import List, Optional, Tuple
+
+FRAMES = 3  # innermost frames in a signature
+
+
+def _group_stats(group: int) -> Tuple[float, int]:
+    """(CPU seconds, processes) of the processes in `group`, from /proc ((0.0, 0) where there is none)."""
+    if not os.path.isdir("/proc"):
+        return 0.0, 0
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total, count = 0, 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) != group:  # pgrp
+            continue
+        count += 1
+        total += sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
+    return total / ticks, count
+
+
+def group_cpu_seconds(group: Optional[int] = None) -> float:
+    """CPU seconds used so far by the processes of `group` (this process's by default) and the children they
+    reaped; 0.0 where /proc is not there."""
+    return _group_stats(os.getpgrp() if group is None else group)[0]
+
+
+def _signature(frame, depth: int = FRAMES) -> str:
+    names: List[str] = []
+    while frame is not None and len(names) < depth:
+        module = os.path.splitext(os.path.basename(frame.f_code.co_filename))[0]
+        names.append(f"{module}.{frame.f_code.co_name}")
+        frame = frame.f_back
+    return " < ".join(names)
+
+
+class MainThreadSampler:
+    """Counts the signatures of the main thread's stack (innermost frames first) and the most processes its
+    group held at once, while running; `top()` gives the commonest with their share of the samples."""
+
+    def __init__(self, every_s: float = 0.25, processes_every: int = 8):
+        self.every_s = every_s
+        self.processes_every = processes_every  # /proc is walked on every n-th sample only
+        self.counts: Counter = Counter()
+        self.samples = 0
+        self.processes_max = 0
+        self._target = threading.main_thread().ident
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> "MainThreadSampler":
+        self._thread = threading.Thread(target=self._run, name="keepfast-build-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        group = os.getpgrp()
+        while not self._stop.wait(self.every_s):
+            frame = sys._current_frames().get(self._target)
+            if frame is not None:
+                self.counts[_signature(frame)] += 1
+                self.samples += 1
+            if self.samples % self.processes_every == 0:
+                self.processes_max = max(self.processes_max, _group_stats(group)[1])
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.every_s + 1)
+
+    def top(self, count: int = 8) -> List[List]:
+        """[[signature, share of the samples], ...], the commonest first."""
+        if not self.samples:
+            return []
+        return [[name, round(seen / self.samples, 3)] for name, seen in self.counts.most_common(count)]
+
+
+class CompileProfile:
+    """CPU seconds of this process's group and the main thread's samples over one compile (`with` block)."""
+
+    def __init__(self, every_s: float = 0.25):
+        self.sampler = MainThreadSampler(every_s)
+        self.cpu_s = 0.0
+        self.wall_s = 0.0
+
+    def __enter__(self) -> "CompileProfile":
+        self._cpu0, self._wall0 = group_cpu_seconds(), time.perf_counter()
+        self.sampler.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.sampler.stop()
+        self.cpu_s = round(group_cpu_seconds() - self._cpu0, 2)
+        self.wall_s = round(time.perf_counter() - self._wall0, 2)
+
+    def phases(self) -> dict:
+        """The figures as phases (numbers only): CPU seconds, cores kept busy on average, most processes."""
+        out = {"compile_cpu_s": self.cpu_s, "compile_processes_max": float(self.sampler.processes_max)}
+        if self.wall_s > 0:
+            out["compile_cores_busy"] = round(self.cpu_s / self.wall_s, 2)
+        return out

@@ -1,0 +1,88 @@
+"""The CPU a compile used and where its main thread was (compiler/backends/build_profile.py), for ours and for
+torch.compile alike: on the H200 the SD1.5 build waited 76.4 s for its Triton kernels where torch.compile waited
+0.3 s, and the phase timers cannot say whether the kernel compilers were busy or idle in that wait."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+from compiler.backends import aot, build_profile, package_builds
+from compiler.testing.bench import phases, report
+
+SPIN = "import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end: pass\n"
+
+
+def _spin_here(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_group_cpu_counts_this_process_and_the_children_it_reaped():
+    before = build_profile.group_cpu_seconds()
+    subprocess.run([sys.executable, "-c", SPIN.format(seconds=0.6)], check=True)  # same group, reaped by us
+    _spin_here(0.3)
+    used = build_profile.group_cpu_seconds() - before
+    assert used >= 0.8, used  # the child's 0.6 s (and its start) and this process's 0.3 s
+
+
+def test_another_group_is_not_counted():
+    before = build_profile.group_cpu_seconds()
+    child = subprocess.Popen([sys.executable, "-c", SPIN.format(seconds=1.0)], start_new_session=True)
+    assert build_profile.group_cpu_seconds(child.pid) >= 0.0  # its own group, readable while it runs
+    child.wait()  # reaped by us: from now on in our cutime, as a compiler the build waited for would be
+    time.sleep(0.05)
+    assert build_profile.group_cpu_seconds() - before >= 0.9
+
+
+def test_the_sampler_names_where_the_main_thread_spends_its_time():
+    with build_profile.CompileProfile(every_s=0.02) as profile:
+        _spin_here(0.6)
+    top = profile.sampler.top()
+    assert top and "test_build_profile._spin_here" in top[0][0], top
+    assert top[0][1] >= 0.5, top
+    figures = profile.phases()
+    assert figures["compile_cpu_s"] >= 0.5 and figures["compile_cores_busy"] > 0.5, figures
+    assert figures["compile_processes_max"] >= 1, figures
+
+
+def test_a_build_reports_its_cpu_and_where_its_main_thread_was(tmp_path):
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU()).eval()
+    program = torch.export.export(module, (torch.randn(2, 8),))
+    build = package_builds.start(program, dict(aot.PACKAGE_CONFIG), now=True)
+    build.result(timeout=600)
+    figures = build.usage["phase_s"]
+    assert figures["compile_cpu_s"] > 0 and figures["compile_processes_max"] >= 1, figures
+    assert figures["compile_cpu_s"] <= figures["inductor_s"] * (os.cpu_count() or 1) + 5, figures
+    assert build.usage["main_thread"] and all(0 < share <= 1 for _, share in build.usage["main_thread"])
+
+
+def test_parts_add_their_cpu_and_keep_the_slowest_part_s_samples():
+    usages = [{"phase_s": {"inductor_s": 40.0, "compile_cpu_s": 100.0, "compile_cores_busy": 2.5},
+               "main_thread": [["a.f", 1.0]]},
+              {"phase_s": {"inductor_s": 55.0, "compile_cpu_s": 120.0, "compile_cores_busy": 2.2},
+               "main_thread": [["b.g", 0.7]]}]
+    usage = aot._parts_usage(usages)
+    assert usage["phase_s"]["compile_cpu_s"] == 220.0 and usage["phase_s"]["compile_cores_busy"] == 4.7
+    assert usage["phase_s"]["inductor_s"] == 55.0 and usage["main_thread"] == [["b.g", 0.7]]
+
+
+def test_the_report_puts_the_call_s_cpu_beside_the_build_s_and_lists_the_samples():
+    ours = {"phase_s": {"inductor_s": 50.0, "compile_cpu_s": 90.0}, "main_thread": [["x.wait", 0.8]]}
+    assert phases.slowest_build_samples([ours, {"phase_s": {"inductor_s": 10.0}}]) == [["x.wait", 0.8]]
+    merged = phases.with_call_profile({"codegen_s": 1.0}, {"compile_cpu_s": 12.5, "compile_cores_busy": 3.1,
+                                                           "compile_processes_max": 9.0, "main_thread": []})
+    assert merged == {"codegen_s": 1.0, "call_cpu_s": 12.5, "call_cores_busy": 3.1}
+    model = {"cold_compile": {"ratio": 3.0, "ours_s": 180.0, "torch_compile_s": 60.0,
+                              "phases": {"ours_aot_cold": {"compile_cpu_s": 90.0},
+                                         "torch_compile": merged},
+                              "main_thread": {"ours_aot_cold": {"build": [["x.wait", 0.8]], "call": []},
+                                              "torch_compile": {"build": [], "call": [["y.compile", 0.6]]}}}}
+    text = "\n".join(report.cold_compile_markdown(model))
+    assert "| CPU seconds of the build processes and the compilers they ran (ours) | 90.0 | not run |" in text, text
+    assert "80% `x.wait`" in text and "60% `y.compile`" in text, text
