@@ -60,6 +60,25 @@ PACKAGE_CONFIG = {
 
 
 @contextlib.contextmanager
+def without_stack_traces():
+    """Trace without recording each node's Python stack (`node.stack_trace`, read by torch's debug output, never
+    by the pack): torch 2.13 and later can skip it (torch.fx.config.do_not_emit_stack_traces); earlier torch
+    records it whatever is set. The export profile of the real-depth SD1.5 UNet (2000 nodes, 2-core CPU, torch
+    2.13) put 1.5 s of its 12.8 s in capturing and symbolising those stacks."""
+    import torch.fx.config as fx_config
+
+    if not hasattr(fx_config, "do_not_emit_stack_traces"):
+        yield
+        return
+    before = fx_config.do_not_emit_stack_traces
+    fx_config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        fx_config.do_not_emit_stack_traces = before
+
+
+@contextlib.contextmanager
 def _export_settings():
     """Keep size-1 dims and equal-sized dims symbolic while tracing.
 
@@ -71,7 +90,7 @@ def _export_settings():
     """
     import torch.fx.experimental._config as fx_config
 
-    with fx_config.patch(backed_size_oblivious=True, use_duck_shape=False):
+    with fx_config.patch(backed_size_oblivious=True, use_duck_shape=False), without_stack_traces():
         yield
 
 
@@ -493,7 +512,8 @@ def _parts_usage(usages: List[dict]) -> dict:
     phases: Dict[str, float] = {}
     for usage in usages:
         for name, value in usage.get("phase_s", {}).items():
-            phases[name] = phases.get(name, 0.0) + value if name in _SUMMED_OVER_PARTS else max(phases.get(name, 0.0), value)
+            phases[name] = (round(phases.get(name, 0.0) + value, 2) if name in _SUMMED_OVER_PARTS
+                            else max(phases.get(name, 0.0), value))
     out["phase_s"] = {**phases, "parts": float(len(usages))}
     slowest = max(usages, key=lambda u: u.get("phase_s", {}).get("inductor_s", 0.0), default={})
     if slowest.get("main_thread"):

@@ -31,7 +31,7 @@ import torch
 
 from ..backends import package_builds
 from ..backends.aot import (PACKAGE_CONFIG, AotGraph, Built, _guards_from, build_package, read_built,
-                            refuse_where_the_loader_crashes, with_phases)
+                            refuse_where_the_loader_crashes, with_phases, without_stack_traces)
 from ..quiet import third_party_quiet
 from ..backends.base import BuildLabel, CompileFailed, PackageInfo
 from ..flat_module import FlatForward, dump_out_spec
@@ -79,7 +79,7 @@ def _trace_settings():
     """Keep equal-sized dims apart (no duck shapes); sizes are backed by the probe's."""
     import torch.fx.experimental._config as fx_config
 
-    with fx_config.patch(use_duck_shape=False, backed_size_oblivious=False):
+    with fx_config.patch(use_duck_shape=False, backed_size_oblivious=False), without_stack_traces():
         yield
 
 

@@ -206,6 +206,9 @@ def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, ste
                                                                                     "mismatch")][:12],
             graph_calls=after["graph_calls"] - served["graph_calls"],
             eager_calls=after["eager_calls"] - served["eager_calls"])
+        # where each compile's time went, as the device check reports its builds (phases.py, build_profile.py)
+        row["compile_phases"] = [{**(e.detail.get("phase_s") or {}), "main_thread": e.detail.get("main_thread", [])}
+                                 for e in events if e.kind == "compile"]
         if mode == "partial":
             # eager again, after ours and loaded afresh: whether eager's own step time depends on what ran before
             # (the fourth H200 run: SD1.5's ours ran eager, by design, at 127.97 ms a step against eager's 69.73)

@@ -28,8 +28,8 @@ ROWS = (
     ("cpp_build_s", "C++ build (ours: wrapper and kernels; torch.compile: waiting for kernel builds)"),
     ("compile_cpu_s", "CPU seconds of the build processes and the compilers they ran (ours)"),
     ("compile_cores_busy", "cores the build processes kept busy on average (ours: every part's added)"),
-    ("call_cpu_s", "CPU seconds of the first call's process and the compilers it ran (torch.compile: its whole "
-                   "compile; ours: the trace, and the wait for the build)"),
+    ("call_cpu_s", "CPU seconds of the first call's process and every process it ran and reaped (torch.compile: "
+                   "its whole compile; ours: the trace and the build processes with their compilers)"),
     ("call_cores_busy", "cores the first call's process kept busy on average"),
     ("parts", "parts built side by side (ours)"),
     ("kernels", "kernels generated (a count; ours: every part's)"),
