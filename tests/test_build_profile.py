@@ -58,6 +58,7 @@ def test_a_build_reports_its_cpu_and_where_its_main_thread_was(tmp_path):
     build.result(timeout=600)
     figures = build.usage["phase_s"]
     assert figures["compile_cpu_s"] > 0 and figures["compile_processes_max"] >= 1, figures
+    assert figures["headers_precompiled"] >= 0, figures  # 1 where this machine had not built its header yet
     assert figures["compile_cpu_s"] <= figures["inductor_s"] * (os.cpu_count() or 1) + 5, figures
     assert build.usage["main_thread"] and all(0 < share <= 1 for _, share in build.usage["main_thread"])
 
@@ -86,3 +87,19 @@ def test_the_report_puts_the_call_s_cpu_beside_the_build_s_and_lists_the_samples
     text = "\n".join(report.cold_compile_markdown(model))
     assert "| CPU seconds of the build processes and the compilers they ran (ours) | 90.0 | not run |" in text, text
     assert "80% `x.wait`" in text and "60% `y.compile`" in text, text
+
+
+def test_headers_precompiled_during_a_compile_are_counted(tmp_path, monkeypatch):
+    from torch._inductor import codecache
+
+    monkeypatch.setattr(codecache, "_HEADER_DIR", str(tmp_path / "headers"))
+    assert build_profile.precompiled_headers() == 0  # no folder yet: none made on this machine
+    (tmp_path / "headers").mkdir()
+    (tmp_path / "headers" / "old.h.gch").write_bytes(b"x")
+    with build_profile.CompileProfile(every_s=0.05) as profile:
+        (tmp_path / "headers" / "new.h.gch").write_bytes(b"x")
+        (tmp_path / "headers" / "new.h").write_text("#include <x>\n")  # the header itself is not counted
+    assert profile.phases()["headers_precompiled"] == 1.0
+    with build_profile.CompileProfile(every_s=0.05) as again:
+        pass
+    assert again.phases()["headers_precompiled"] == 0.0

@@ -31,6 +31,8 @@ ROWS = (
     ("call_cpu_s", "CPU seconds of the first call's process and every process it ran and reaped (torch.compile: "
                    "its whole compile; ours: the trace and the build processes with their compilers)"),
     ("call_cores_busy", "cores the first call's process kept busy on average"),
+    ("headers_precompiled", "C++ headers precompiled during the build (ours: the first build on a machine makes "
+                            "its wrapper's; a count)"),
     ("parts", "parts built side by side (ours)"),
     ("kernels", "kernels generated (a count; ours: every part's)"),
 )
