@@ -56,6 +56,22 @@ def group_cpu_seconds(group: Optional[int] = None) -> float:
     return _group_stats(os.getpgrp() if group is None else group)[0]
 
 
+def machine_busy_seconds() -> Optional[float]:
+    """CPU seconds every process on this machine has used since boot (/proc/stat: user, nice, system, irq, softirq,
+    steal), None where unknown: over a compile, against its wall time, how many cores the whole machine kept busy
+    (the device check runs two lanes at once: was ours compiling beside the other's compiles?)."""
+    try:
+        with open("/proc/stat") as handle:
+            fields = handle.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    busy = [int(fields[i]) for i in (1, 2, 3, 6, 7, 8) if i < len(fields)]  # user nice system irq softirq steal
+    return sum(busy) / ticks
+
+
 def _signature(frame, depth: int = FRAMES) -> str:
     names: List[str] = []
     while frame is not None and len(names) < depth:
@@ -132,9 +148,11 @@ class CompileProfile:
         self.cpu_s = 0.0
         self.wall_s = 0.0
         self.headers_precompiled: Optional[int] = None
+        self.machine_cpu_s: Optional[float] = None  # every process on the machine, over the compile
 
     def __enter__(self) -> "CompileProfile":
         self._cpu0, self._wall0 = group_cpu_seconds(), time.perf_counter()
+        self._machine0 = machine_busy_seconds()
         self._headers0 = precompiled_headers()
         self.sampler.start()
         return self
@@ -143,6 +161,9 @@ class CompileProfile:
         self.sampler.stop()
         self.cpu_s = round(group_cpu_seconds() - self._cpu0, 2)
         self.wall_s = round(time.perf_counter() - self._wall0, 2)
+        machine = machine_busy_seconds()
+        self.machine_cpu_s = (round(machine - self._machine0, 2)
+                              if machine is not None and self._machine0 is not None else None)
         after = precompiled_headers()
         if after is not None and self._headers0 is not None:
             self.headers_precompiled = max(0, after - self._headers0)
@@ -153,6 +174,8 @@ class CompileProfile:
         out = {"compile_cpu_s": self.cpu_s, "compile_processes_max": float(self.sampler.processes_max)}
         if self.wall_s > 0:
             out["compile_cores_busy"] = round(self.cpu_s / self.wall_s, 2)
+            if self.machine_cpu_s is not None:
+                out["machine_cores_busy"] = round(self.machine_cpu_s / self.wall_s, 2)
         if self.headers_precompiled is not None:
             out["headers_precompiled"] = float(self.headers_precompiled)
         return out

@@ -28,9 +28,12 @@ ROWS = (
     ("cpp_build_s", "C++ build (ours: wrapper and kernels; torch.compile: waiting for kernel builds)"),
     ("compile_cpu_s", "CPU seconds of the build processes and the compilers they ran (ours)"),
     ("compile_cores_busy", "cores the build processes kept busy on average (ours: every part's added)"),
+    ("machine_cores_busy", "cores the whole machine kept busy during the build (ours; other jobs included)"),
     ("call_cpu_s", "CPU seconds of the first call's process and every process it ran and reaped (torch.compile: "
                    "its whole compile; ours: the trace and the build processes with their compilers)"),
     ("call_cores_busy", "cores the first call's process kept busy on average"),
+    ("call_machine_cores_busy", "cores the whole machine kept busy during the first call (another lane's jobs "
+                                "included: what the compile competed with)"),
     ("headers_precompiled", "C++ headers precompiled during the build (ours: the first build on a machine makes "
                             "its wrapper's; a count)"),
     ("parts", "parts built side by side (ours)"),
@@ -95,4 +98,6 @@ def with_call_profile(phase_s: Dict[str, float], profile: Optional[dict]) -> Dic
     profile = profile or {}
     extra = {f"call_{key[len('compile_'):]}": value for key, value in profile.items()
              if key in ("compile_cpu_s", "compile_cores_busy") and value}
+    if profile.get("machine_cores_busy"):
+        extra["call_machine_cores_busy"] = profile["machine_cores_busy"]
     return {**phase_s, **extra}
