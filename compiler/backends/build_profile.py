@@ -24,17 +24,16 @@ import sys
 import threading
 import time
 from collections import Counter
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 FRAMES = 3  # innermost frames in a signature
 
 
-def _group_stats(group: int) -> Tuple[float, int]:
-    """(CPU seconds, processes) of the processes in `group`, from /proc ((0.0, 0) where there is none)."""
+def group_process_stats(group: int) -> Iterator[List[str]]:
+    """The fields of /proc/<pid>/stat after the command's name (fields[0] is the state, [2] the group, [11:15] the
+    CPU ticks, [21] the resident pages) of every process in process group `group`; none where /proc is not there."""
     if not os.path.isdir("/proc"):
-        return 0.0, 0
-    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    total, count = 0, 0
+        return
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -43,8 +42,15 @@ def _group_stats(group: int) -> Tuple[float, int]:
                 fields = handle.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) != group:  # pgrp
-            continue
+        if int(fields[2]) == group:
+            yield fields
+
+
+def _group_stats(group: int) -> Tuple[float, int]:
+    """(CPU seconds, processes) of the processes in `group`, from /proc ((0.0, 0) where there is none)."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total, count = 0, 0
+    for fields in group_process_stats(group):
         count += 1
         total += sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
     return total / ticks, count

@@ -161,20 +161,11 @@ def _memory_limit_mb() -> float:
         return 0.0
 
 
-def _group_rss_mb() -> float:
-    """Resident memory of this process and the compiler processes it started (its process group), MB."""
-    group, page, total = os.getpgrp(), os.sysconf("SC_PAGE_SIZE"), 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == group:  # pgrp; fields[21] is the resident set in pages
-            total += int(fields[21]) * page
-    return total / 2**20
+def _group_rss_mb(profile) -> float:
+    """Resident memory of this process and the compiler processes it started (its process group), MB
+    (`profile`: build_profile.py, loaded once)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    return sum(int(fields[21]) * page for fields in profile.group_process_stats(os.getpgrp())) / 2**20
 
 
 def _bound_memory(folder: str) -> None:
@@ -186,9 +177,11 @@ def _bound_memory(folder: str) -> None:
     import threading
     import time
 
+    profile = _sibling("build_profile")
+
     def watch() -> None:
         while True:
-            used = _group_rss_mb()
+            used = _group_rss_mb(profile)
             if used > limit:
                 with open(os.path.join(folder, "error.txt"), "w") as handle:
                     handle.write(f"MemoryError: the build held {used:.0f} MB with its compilers, more than its limit "
