@@ -35,6 +35,7 @@ from .graph_supply import GraphSupply
 from .input_casts import CastGraph
 from .keys import FamilyKey
 from .library import GraphLibrary
+from .module_snapshot import one_check_per_call, snapshot_of
 from .registry import FALLBACK, MISMATCH, GraphRegistry, default_registry
 from .samples import CannotJoin, join_samples, samples_of
 from .shapes import DEFAULT_RANGE, ShapeRange
@@ -134,7 +135,7 @@ class CompiledForward:
 
     # -- keys: the one path from a call to a key ------------------------------
     def structure(self) -> str:
-        shapes = tuple((name, tuple(p.shape)) for name, p in self.module.named_parameters())
+        shapes = snapshot_of(self.module).shapes  # the module walked again only where it changed
         if self._structure is None or self._structure[0] != shapes:
             self._structure = (shapes, structure_hash(self.module))
         return self._structure[1]
@@ -176,6 +177,11 @@ class CompiledForward:
         `eager_reason`: the caller already knows the call must run eagerly
         (a partly loaded model, an option a graph cannot take).
         """
+        with one_check_per_call():  # the module's tensors checked once for the key and the binding
+            return self._serve(args, kwargs, eager, eager_reason)
+
+    def _serve(self, args: tuple, kwargs: dict, eager: Optional[Callable[..., Any]],
+               eager_reason: Optional[str]) -> Served:
         eager = eager or self.eager
         run_eager = lambda: eager(*args, **kwargs)  # noqa: E731
         family: Optional[FamilyKey] = None

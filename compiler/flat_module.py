@@ -14,11 +14,10 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.utils._pytree as pytree
 
+from .module_snapshot import MODULE_PREFIX, snapshot_of  # noqa: F401 - the pack imports MODULE_PREFIX from here
 from .signature import FlatCall
 
 ForwardFn = Callable[..., Any]  # forward_fn(module, *args, **kwargs)
-
-MODULE_PREFIX = "m."
 
 
 class CallTemplate:
@@ -66,10 +65,9 @@ class FlatForward(torch.nn.Module):
 
 
 def module_tensors(module: torch.nn.Module) -> dict:
-    """Parameters and buffers (persistent or not) under the names a graph binds."""
-    tensors = {MODULE_PREFIX + name: t for name, t in module.named_parameters(remove_duplicate=False)}
-    tensors.update({MODULE_PREFIX + name: t for name, t in module.named_buffers(remove_duplicate=False)})
-    return tensors
+    """Parameters and buffers (persistent or not) under the names a graph binds (module_snapshot.py: walked again
+    only where the module changed since the last call)."""
+    return snapshot_of(module).tensors()
 
 
 def dump_out_spec(spec: pytree.TreeSpec) -> Optional[str]:

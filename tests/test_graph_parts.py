@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from compiler import CompileOptions
 from compiler.backends import aot, program_split
@@ -121,3 +122,15 @@ def test_parts_built_side_by_side_report_the_slowest_part_s_phases_and_every_par
     usage = aot._parts_usage(usages)
     assert usage["peak_rss_mb"] == 900.0
     assert usage["phase_s"] == {"codegen_s": 55.0, "startup_s": 6.0, "kernels": 550.0, "parts": 2.0}
+
+
+def test_a_gpu_program_s_trace_starts_a_spare_for_each_part_it_will_likely_be_cut_into(monkeypatch):
+    """The H200's SD1.5 UNet was cut into 2 parts; its second part found no spare and started in 9.6 s."""
+    monkeypatch.setattr(aot.package_builds, "gpu_part_builders", lambda: 2)
+    big = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(485)])  # the SD1.5 UNet's leaf modules
+    small = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(100)])
+    assert aot.spares_for(big, "cuda:0") == 2  # 485 leaves, about 1309 operations: 3 parts' worth, 2 builders
+    assert aot.spares_for(small, "cuda") == 1  # one part
+    assert aot.spares_for(big, "cpu") == 1  # a CPU program's spares would take the trace's cores
+    monkeypatch.setattr(aot.package_builds, "gpu_part_builders", lambda: 4)
+    assert aot.spares_for(big, "cuda") == 3

@@ -386,12 +386,15 @@ def _child_options(extra_env: Dict[str, str]) -> Dict[str, Any]:
     return dict(env=env, pass_fds=(lifeline,), start_new_session=True)
 
 
-# A build process started ahead of its build (package_build_child.spare): (process, the child script it runs,
-# the pid of the process that started it, the kind of program it builds). Starting Python and importing torch
+# Build processes started ahead of their builds (package_build_child.spare), each (process, the child script it
+# runs, the pid of the process that started it, the kind of program it builds). Starting Python and importing torch
 # takes seconds (about 4 s on a busy 2-core CPU): a spare does it while this process traces the graph, or between
 # builds. A spare for a CPU program also runs Inductor's vector-ISA probe then; one for a GPU program never does
-# (host_kind, package_build_child.skips_isa_probe), so a spare serves builds of its own kind only.
-_spare: Optional[Tuple[subprocess.Popen, Path, int, str]] = None
+# (host_kind, package_build_child.skips_isa_probe), so a spare serves builds of its own kind only. A GPU program
+# cut into parts starts its parts at once: one spare each (prestart's `count`); on the H200 (2026-11-28) the SD1.5
+# UNet's second part, which found none, started in 9.6 s.
+Spare = Tuple[subprocess.Popen, Path, int, str]
+_spares: List[Spare] = []
 SPARE_ENV = "KEEPFAST_SPARE_BUILDER"
 
 
@@ -409,29 +412,29 @@ def job_kind(folder: Path) -> str:
         return "cpu"
 
 
-def prestart(device: str = "cpu") -> None:
-    """Have a spare build process ready for the next build, a program on `device` (KEEPFAST_SPARE_BUILDER=0:
-    never)."""
-    global _spare
+def prestart(device: str = "cpu", count: int = 1) -> None:
+    """Have `count` spare build processes ready for the next builds, programs on `device` (spares of another kind
+    are stopped; KEEPFAST_SPARE_BUILDER=0: never)."""
     if os.environ.get(SPARE_ENV, "1") == "0" or CHILD != REAL_CHILD:  # a test's own child script takes no job so
         return
     kind = host_kind(device)
     with _lock:
-        if _serves(_spare, kind):
-            return
-        _stop_spare()
-        try:
-            log_file = open(extraction.run_folder() / "spare-builder.txt", "a")
-            with log_file:
-                process = subprocess.Popen([sys.executable, str(CHILD), "--spare", str(isa_cache()), kind],
-                                           stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT,
-                                           **_child_options({}))
-        except Exception:  # noqa: BLE001 - no spare: the next build starts its own process, as always
-            return
-        _spare = (process, CHILD, os.getpid(), kind)
+        ready = sum(1 for spare in _spares if _serves(spare, kind))
+        if ready < len(_spares):
+            _stop_spares(lambda spare: not _serves(spare, kind))
+        for _ in range(max(0, count - ready)):
+            try:
+                log_file = open(extraction.run_folder() / "spare-builder.txt", "a")
+                with log_file:
+                    process = subprocess.Popen([sys.executable, str(CHILD), "--spare", str(isa_cache()), kind],
+                                               stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT,
+                                               **_child_options({}))
+            except Exception:  # noqa: BLE001 - no spare: the next build starts its own process, as always
+                return
+            _spares.append((process, CHILD, os.getpid(), kind))
 
 
-def _serves(spare: Optional[Tuple[subprocess.Popen, Path, int, str]], kind: str) -> bool:
+def _serves(spare: Optional[Spare], kind: str) -> bool:
     """Whether `spare` can take this process's next build of `kind`: this process started it, for the child script
     that runs now and that kind of program, and it is still running."""
     return (spare is not None and spare[2] == os.getpid() and spare[1] == CHILD and spare[3] == kind
@@ -439,15 +442,14 @@ def _serves(spare: Optional[Tuple[subprocess.Popen, Path, int, str]], kind: str)
 
 
 def _take_spare(folder: Path, kind: str = "cpu") -> Optional[subprocess.Popen]:
-    """The spare build process, given `folder` as its build (None: there is none for this process, child and
-    `kind` of program; a spare of the other kind is stopped)."""
-    global _spare
+    """A spare build process, given `folder` as its build (None: there is none for this process, child and
+    `kind` of program; then the spares of another kind are stopped)."""
     with _lock:
-        spare, _spare = _spare, None
-    if not _serves(spare, kind):
-        if spare is not None and spare[2] == os.getpid():
-            _kill(spare[0])
-        return None
+        spare = next((candidate for candidate in _spares if _serves(candidate, kind)), None)
+        if spare is None:
+            _stop_spares(lambda _spare: True)
+            return None
+        _spares.remove(spare)
     process = spare[0]
     try:
         process.stdin.write(f"{folder}\n".encode())
@@ -458,12 +460,14 @@ def _take_spare(folder: Path, kind: str = "cpu") -> Optional[subprocess.Popen]:
     return process
 
 
-def _stop_spare() -> None:
-    global _spare
+def _stop_spares(which: Callable[[Spare], bool] = lambda _spare: True) -> None:
+    """Stop this process's spares that `which` picks (all by default)."""
     with _lock:
-        spare, _spare = _spare, None
-    if spare is not None and spare[2] == os.getpid():
-        _kill(spare[0])
+        stopped = [spare for spare in _spares if which(spare)]
+        _spares[:] = [spare for spare in _spares if spare not in stopped]
+    for spare in stopped:
+        if spare[2] == os.getpid():
+            _kill(spare[0])
 
 
 def _kill(process: subprocess.Popen) -> None:
@@ -793,4 +797,4 @@ def _cancel_all() -> None:
         builds = list(_live)
     for build in builds:
         build.cancel()
-    _stop_spare()
+    _stop_spares()

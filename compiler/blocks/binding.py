@@ -35,7 +35,7 @@ from ..flat_module import MODULE_PREFIX
 from .export import empty_to_none
 from .quantised import CallTensors, subclass_parts
 
-_BOUND = "block"  # a runner's bound token of a block instance (the graph's own run() binds modules by id)
+_BOUND = "block"  # a runner's bound token of a block instance (the graph's own run() binds a module snapshot's token)
 _SERIALS = itertools.count(1)  # never reused, unlike id(): a new model must never look bound
 
 
