@@ -19,6 +19,7 @@ end-of-file), it stops and removes what the build and the parent left.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -67,8 +68,10 @@ def _weights(spec: dict):
     return made
 
 
+@functools.lru_cache(maxsize=None)
 def _sibling(name: str):
-    """A standalone module beside this script (this process does not import the pack), loaded by its path."""
+    """A standalone module beside this script (this process does not import the pack), loaded by its path, once
+    per process (the memory bound and the compile's profile both use build_profile.py)."""
     import importlib.util
 
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
