@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -102,6 +104,33 @@ def test_a_third_process_whose_eager_differed_leaves_the_pair_that_agreed_measur
     assert target["met"] is False and "note" not in target, target
     text = report.markdown(summary)
     assert "(within 1.25x; not: ours (aot, loaded, CUDA graphs))" in text, text
+
+
+def test_the_machine_s_busy_cores_while_the_pairs_ran_are_reported_per_process():
+    """Two lanes share one machine: a process timing its pairs while the other lane compiles sees a busy CPU, and
+    a GPU step's kernel launches wait for it. The report names how busy the machine was for each process."""
+    from compiler.testing.bench import worker
+
+    jobs = _jobs()
+    loaded = next(job for job in jobs if job["variant"] == "ours_aot_load")
+    loaded["steady"]["2x32x32"]["process"] = {"wall_s": 2.0, "cpu_s": 2.0, "machine_cores_busy": 11.4}
+    tc = next(job for job in jobs if job["variant"] == "torch_compile")
+    tc["steady"]["2x32x32"]["process"] = {"wall_s": 2.0, "cpu_s": 2.0, "machine_cores_busy": 1.2}
+    summary = report.summarise(jobs, META)
+    row = summary["models"]["sd15"]["steady"]["2x32x32"]
+    assert row["ours_aot_load_machine_cores_busy"] == 11.4 and row["torch_compile_machine_cores_busy"] == 1.2
+    text = report.markdown(summary)
+    assert "torch.compile 1.2, ours (aot, loaded) 11.4." in text, text
+    before = worker.machine_busy_seconds()
+    _spin(0.3)
+    state = worker._process_state(0.3, 0.3, before)
+    assert 0.5 <= state["machine_cores_busy"] <= (os.cpu_count() or 1) + 0.5, state  # this process's spin at least
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def test_missing_measurements_read_as_not_run():

@@ -106,3 +106,49 @@ def test_headers_precompiled_during_a_compile_are_counted(tmp_path, monkeypatch)
     with build_profile.CompileProfile(every_s=0.05) as again:
         pass
     assert again.phases()["headers_precompiled"] == 0.0
+
+
+def test_triton_kernels_and_their_configurations_are_counted_by_kind():
+    """Inductor's own record of each kernel built (async_compile._add_triton_kernel_info, called by the worker path
+    and the in-process path alike) is read during a compile and left as it was after it."""
+    from torch._inductor import async_compile
+
+    original = async_compile._add_triton_kernel_info
+    async_compile._compile_start()  # Inductor keeps its record between a compile's start and end
+    try:
+        with build_profile.CompileProfile(every_s=0.05) as profile:
+            assert async_compile._add_triton_kernel_info is not original  # read while the block runs
+            record = async_compile._add_triton_kernel_info
+            record("triton_poi_fused_add_0", {"autotune_cache_state": "miss", "num_configs": 6,
+                                              "compile_time_us": 2_000_000})
+            record("triton_poi_fused_mul_1", {"autotune_cache_state": "only 1 config", "compile_time_us": 400_000})
+            record("triton_red_fused_sum_2", {"autotune_cache_state": "miss", "num_configs": 4,
+                                              "compile_time_us": 1_500_000})
+            record("triton_per_fused_norm_3", {"autotune_cache_state": "hit", "compile_time_us": 100_000})
+            record("triton_tem_fused_mm_4", {"compile_time_us": 50_000})  # caches off: configurations not said
+        assert async_compile._triton_kernel_metrics["triton_red_fused_sum_2"]["num_configs"] == 4  # still recorded
+    finally:
+        async_compile._compile_end()
+    assert async_compile._add_triton_kernel_info is original  # as it was
+    figures = profile.phases()
+    assert figures["triton_kernels"] == 5.0 and figures["triton_configs"] == 12.0, figures
+    assert figures["triton_kernels_pointwise"] == 2.0 and figures["triton_configs_pointwise"] == 7.0, figures
+    assert figures["triton_configs_reduction"] == 4.0 and figures["triton_configs_persistent"] == 1.0, figures
+    assert figures["triton_configs_unknown"] == 1.0 and figures["triton_build_s"] == 4.05, figures
+    with build_profile.CompileProfile(every_s=0.05) as none_built:
+        pass
+    assert not any(key.startswith("triton_") for key in none_built.phases())  # a CPU compile: no such rows
+
+
+def test_parts_add_their_triton_counts_and_the_call_profile_brings_torch_compile_s():
+    usages = [{"phase_s": {"inductor_s": 40.0, "triton_kernels": 180.0, "triton_configs": 600.0,
+                           "triton_build_s": 300.0}},
+              {"phase_s": {"inductor_s": 55.0, "triton_kernels": 188.0, "triton_configs": 610.0,
+                           "triton_build_s": 320.0}}]
+    figures = aot._parts_usage(usages)["phase_s"]
+    assert (figures["triton_kernels"], figures["triton_configs"], figures["triton_build_s"]) == (368.0, 1210.0, 620.0)
+    merged = phases.with_call_profile({"codegen_s": 27.7}, {"compile_cpu_s": 200.0, "triton_kernels": 378.0,
+                                                            "triton_configs": 420.0})
+    assert merged["triton_kernels"] == 378.0 and merged["triton_configs"] == 420.0, merged
+    kept = phases.with_call_profile({"triton_kernels": 368.0}, {"triton_kernels": 0.0})
+    assert kept["triton_kernels"] == 368.0  # the builds' own count wins over the caller's process's

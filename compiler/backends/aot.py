@@ -517,6 +517,7 @@ def _build_in_parts(ep: "torch.export.ExportedProgram", count: int, progress: Pr
 
 # Phases that add up over parts built at once (counts, CPU seconds, processes, cores); the others are times.
 _SUMMED_OVER_PARTS = ("kernels", "compile_cpu_s", "compile_processes_max", "compile_cores_busy")
+_SUMMED_PREFIX = "triton_"  # the Triton kernels' counts and build seconds (build_profile.KernelBuilds)
 
 
 def _parts_usage(usages: List[dict]) -> dict:
@@ -530,8 +531,8 @@ def _parts_usage(usages: List[dict]) -> dict:
     phases: Dict[str, float] = {}
     for usage in usages:
         for name, value in usage.get("phase_s", {}).items():
-            phases[name] = (round(phases.get(name, 0.0) + value, 2) if name in _SUMMED_OVER_PARTS
-                            else max(phases.get(name, 0.0), value))
+            summed = name in _SUMMED_OVER_PARTS or name.startswith(_SUMMED_PREFIX)
+            phases[name] = round(phases.get(name, 0.0) + value, 2) if summed else max(phases.get(name, 0.0), value)
     out["phase_s"] = {**phases, "parts": float(len(usages))}
     slowest = max(usages, key=lambda u: u.get("phase_s", {}).get("inductor_s", 0.0), default={})
     if slowest.get("main_thread"):

@@ -36,6 +36,12 @@ ROWS = (
                                 "included: what the compile competed with)"),
     ("headers_precompiled", "C++ headers precompiled during the build (ours: the first build on a machine makes "
                             "its wrapper's; a count)"),
+    ("triton_kernels", "Triton kernels built (a count; ours: every part's)"),
+    ("triton_configs", "configurations they were built for (a count: each one a Triton build)"),
+    ("triton_configs_pointwise", "of which for pointwise kernels"),
+    ("triton_configs_reduction", "of which for reductions"),
+    ("triton_configs_persistent", "of which for persistent reductions"),
+    ("triton_build_s", "seconds of the kernels' builds, added up over the compile workers"),
     ("parts", "parts built side by side (ours)"),
     ("kernels", "kernels generated (a count; ours: every part's)"),
 )
@@ -98,6 +104,9 @@ def with_call_profile(phase_s: Dict[str, float], profile: Optional[dict]) -> Dic
     profile = profile or {}
     extra = {f"call_{key[len('compile_'):]}": value for key, value in profile.items()
              if key in ("compile_cpu_s", "compile_cores_busy") and value}
+    # Triton kernels built in the first call's own process (torch.compile's; ours builds them in build processes,
+    # whose counts are already in its phases)
+    extra.update({key: value for key, value in profile.items() if key.startswith("triton_") and key not in phase_s})
     if profile.get("machine_cores_busy"):
         extra["call_machine_cores_busy"] = profile["machine_cores_busy"]
     return {**phase_s, **extra}

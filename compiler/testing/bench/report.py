@@ -123,6 +123,8 @@ def model_summary(name: str, jobs: Dict[str, dict], spec: Optional[dict] = None)
             process = cell.get("process") or {}
             if process.get("wall_s"):  # above 1: other threads of the process were busy while the pairs ran
                 row[f"{variant}_cpu_per_wall"] = process["cpu_s"] / process["wall_s"]
+            if process.get("machine_cores_busy") is not None:  # the whole machine meanwhile (another lane's compile)
+                row[f"{variant}_machine_cores_busy"] = process["machine_cores_busy"]
             if cell.get("eager_min_s") and cell.get("compiled_min_s"):
                 row[f"{variant}_vs_eager_fastest"] = cell["eager_min_s"] / cell["compiled_min_s"]
         row["eager_s"] = statistics.median(eagers) if eagers else None
@@ -439,6 +441,13 @@ def markdown(summary: Dict[str, Any]) -> str:
                         + (f", process CPU {row[f'{v}_cpu_per_wall']:.2f}x its wall time"
                            if row.get(f"{v}_cpu_per_wall") is not None else "") + ")"
                         for v in COMPILED if row.get(f"{v}_s") is not None) + ".")
+            busy = {v: row[f"{v}_machine_cores_busy"] for v in COMPILED
+                    if row.get(f"{v}_machine_cores_busy") is not None}
+            if busy:
+                add("")
+                add(f"{key}: cores the whole machine kept busy while each process timed its pairs (another "
+                    "lane's compile takes many; a step's kernel launches wait for a busy CPU): "
+                    + ", ".join(f"{SHORT[v]} {cores:.1f}" for v, cores in busy.items()) + ".")
         fastest = {v: ratios.get(v, {}).get("vs_eager_fastest") for v in COMPILED}
         if any(fastest.values()):
             add("")

@@ -59,7 +59,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from ...backends.build_profile import CompileProfile
+from ...backends.build_profile import CompileProfile, machine_busy_seconds
 from . import phases
 
 _T0 = time.perf_counter()
@@ -480,7 +480,7 @@ def _steady(timed, eager_fn, compiled_fn, shapes, reps: int, count) -> Dict[str,
         timed(eager_fn, shape)
         timed(compiled_fn, shape)
         eager, compiled = [], []
-        started, cpu = time.perf_counter(), _cpu_s()
+        started, cpu, machine = time.perf_counter(), _cpu_s(), machine_busy_seconds()
         for index in range(reps):
             if index % 2 == 0:
                 eager.append(timed(eager_fn, shape))
@@ -493,7 +493,7 @@ def _steady(timed, eager_fn, compiled_fn, shapes, reps: int, count) -> Dict[str,
             "eager_median_s": statistics.median(eager), "compiled_median_s": statistics.median(compiled),
             "eager_min_s": min(eager), "compiled_min_s": min(compiled),
             "compiles_during": count() - before,
-            "process": _process_state(time.perf_counter() - started, _cpu_s() - cpu),
+            "process": _process_state(time.perf_counter() - started, _cpu_s() - cpu, machine),
         }
     return out
 
@@ -503,13 +503,18 @@ def _cpu_s() -> float:
     return times.user + times.system
 
 
-def _process_state(wall_s: float, cpu_s: float) -> Dict[str, Any]:
+def _process_state(wall_s: float, cpu_s: float, machine_busy_before: Optional[float] = None) -> Dict[str, Any]:
     """What else ran while the pairs were timed: this process's CPU seconds against their wall time (above 1.0x:
-    other threads were busy), its other threads, the machine's load. The third H200 run's eager took 50.91 ms in
-    one process and 28.85 ms in another: these say whether the process or the machine was busy."""
+    other threads were busy), its other threads, the machine's load, and the cores the whole machine kept busy
+    meanwhile (`machine_cores_busy`: another lane's compiles, whose workers take every core). The third and fourth
+    H200 runs' eager SD1.5 took 50.91 and 45.64 ms in one process, 28.85 and 29.72 ms in another: a GPU step
+    that launches hundreds of kernels from one CPU thread waits for that thread, so a busy machine slows it."""
     import threading
 
-    return {"wall_s": round(wall_s, 3), "cpu_s": round(cpu_s, 3),
+    machine = machine_busy_seconds()
+    busy = ({"machine_cores_busy": round((machine - machine_busy_before) / wall_s, 2)}
+            if machine is not None and machine_busy_before is not None and wall_s > 0 else {})
+    return {"wall_s": round(wall_s, 3), "cpu_s": round(cpu_s, 3), **busy,
             "threads": sorted(t.name for t in threading.enumerate() if t is not threading.main_thread()),
             "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
 
