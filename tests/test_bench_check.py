@@ -317,7 +317,7 @@ def test_a_job_stopped_at_its_limit_is_reported_by_its_last_step_not_a_line_of_i
 
     step = "[     9.3 s] ours_aot_cold vae: built in 9.3 s; first call at (1, 32, 32)"
 
-    def fake_run(self, source, command, cwd, env, timeout):
+    def fake_run(self, source, command, cwd, env, timeout, **limits):
         self.write(source, step)
         self.write(source, "Timeout (0:02:50)!\n" + "\n".join(f'  File "x.py", line {i} in f' for i in range(30)))
         return None  # stopped at its limit
@@ -343,7 +343,7 @@ def test_each_configuration_runs_in_a_process_of_its_own_and_the_run_writes_at_m
 
     started = []
 
-    def fake_run(self, source, command, cwd, env, timeout):
+    def fake_run(self, source, command, cwd, env, timeout, **limits):
         assert command[:3] == [sys.executable, "-m", "compiler.testing.bench.worker"]
         job = json.loads(Path(command[3]).read_text())
         started.append((source, job["model"], job["variant"], env["TORCHINDUCTOR_CACHE_DIR"], command[4]))

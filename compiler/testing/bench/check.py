@@ -16,11 +16,14 @@ below), so the jobs run in LANES lanes at once, one model's jobs in one lane
 (its loaded run after its cold one), each lane's jobs by priority (ours before
 torch.compile, whose first call there is expected near a minute: 53.7 s for
 the SD1.5 UNet in the H100 figures the plan started from).
-Each job process gets its share of the cores for its compilers, and the timed
-steady-state pairs of two jobs never overlap (a lock); another job's compile
-or first call may still use the GPU meanwhile, which eager and compiled calls
-of a pair, alternating, share alike. First calls and compiles ran beside
-other jobs, as the report says. A job starts only with enough of the budget
+Compiles take turns (compile_turns.py): the first call of a variant that
+compiles, and a sweep that recompiles, hold a lock that every job of the run
+shares, so no two compiles overlap and each has every core for its compilers
+(its wait for the turn is not charged to its time limit, nor to its time to a
+first result); the other jobs get their lane's share of the cores. The timed
+steady-state pairs of two jobs never overlap either (another lock); a compile
+may still run meanwhile, which eager and compiled calls of a pair, alternating,
+share alike, and each pair records how busy the machine was. A job starts only with enough of the budget
 left for it (else it is skipped with the reason), its time limit is what is
 left at most, and whole-model torch.compile runs no sweep (a recompile costs
 about a first compile: the reason is in the report).
@@ -50,6 +53,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ...backends import conv_layout
 from . import models as M
 from . import report
+from .compile_turns import COMPILING
 from .joblog import JobLog
 
 PROFILE = "check"
@@ -120,6 +124,7 @@ class CheckJob:
             "model": self.model, "variant": self.variant, "profile": self.profile, "device": device, "dtype": self.dtype,
             "reps": REPS, "graphs_dir": str(work / f"{self.model}-graphs"), "cache_fresh": True,
             "build_on_device": True, "compare": True, "checkpoints": True, "steady_lock": str(work / "steady.lock"),
+            "compile_lock": str(work / "compile.lock"),
             "steady_static": False, "first_use_cost": False, "dump_after_s": max(5.0, timeout_s - 10.0),
         }
         if self.sweep_s is not None:
@@ -244,8 +249,9 @@ def markdown(check: Dict[str, Any]) -> List[str]:
         title += ": a CPU rehearsal (`--rehearse`, the quick profile's small models), not GPU figures"
     lines = [title, "",
              f"Budget {check['budget_s']:.0f} s; {check['lanes']} lanes at once, each model's jobs in one lane "
-             f"(Inductor compile threads and build processes per job: {share}); timed steady-state pairs never "
-             "overlap between jobs, first calls and compiles ran beside other jobs. Steady state: the first steady shape, "
+             f"(Inductor compile threads and build processes per job that does not compile: {share}); compiles took "
+             "turns, one at a time with every core (a job's wait for its turn is not in its times); timed "
+             "steady-state pairs never overlap between jobs. Steady state: the first steady shape, "
              f"median of {REPS} alternating pairs in one process.", "",
              "| model | variant | dtype | status | first call, s | process start to first result, s | compiles "
              "in the first call | sweep compiles (shapes) | steady ms: compiled / eager | vs eager | peak GPU MB "
@@ -366,7 +372,7 @@ def execute(out: Path, device: str, jobs: List[CheckJob], budget_s: float, lanes
                 f"{job.timeout_s:.0f} s" + (f", sweep: {job.sweep_why}" if job.sweep_why else ""))
     results: Dict[Tuple[str, str], Dict[str, Any]] = {}
     lock = threading.Lock()
-    env = {**job_env(work), **core_share(lanes)}
+    env = job_env(work)
 
     def record(job: CheckJob, result: Dict[str, Any]) -> None:
         with lock:
@@ -387,9 +393,12 @@ def execute(out: Path, device: str, jobs: List[CheckJob], budget_s: float, lanes
             shutil.rmtree(cache, ignore_errors=True)
             cache.mkdir(parents=True)
             log.say(f"lane {index}: {job.model}/{job.variant} starts, limit {limit:.0f} s")
+            # a compile takes its turn (compile_turns.py) and has every core then; other jobs share them by lane
+            share = {} if job.variant in COMPILING else core_share(lanes)
             try:
                 result = run_job(job.worker_job(work, device, limit), work,
-                                 {**env, "TORCHINDUCTOR_CACHE_DIR": str(cache)}, limit, log=log)
+                                 {**env, **share, "TORCHINDUCTOR_CACHE_DIR": str(cache)}, limit, log=log,
+                                 hard_timeout=max(1.0, deadline - time.time()))
             except Exception as error:  # noqa: BLE001 - the lane goes on with its next job
                 result = {"model": job.model, "variant": job.variant,
                           "error": f"the runner could not run it: {type(error).__name__}: {error}"}

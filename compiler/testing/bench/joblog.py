@@ -18,8 +18,9 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Deque, Dict, List, Optional, Sequence
+from typing import Callable, Deque, Dict, List, Optional, Sequence
 
+WATCH_S = 0.25  # how often a job's time is checked against its limit
 TAIL_LINES = 15  # a failed job's error quotes this many of its last lines
 STEP = re.compile(r"^\[\s*\d+(\.\d+)? s\] ")  # worker.py's progress lines: "[    12.3 s] first call ..."
 
@@ -60,28 +61,37 @@ class JobLog:
         with self._lock:
             return self._steps.get(source)
 
-    def run(self, source: str, command: Sequence[str], cwd: str, env: Dict[str, str], timeout: float) -> Optional[int]:
-        """Run `command`, its output into this log as it comes; its exit status, or None when it was killed at
-        `timeout` (with whatever it started in its session)."""
+    def run(self, source: str, command: Sequence[str], cwd: str, env: Dict[str, str], timeout: float,
+            waited: Optional[Callable[[], float]] = None, hard_timeout: Optional[float] = None) -> Optional[int]:
+        """Run `command`, its output into this log as it comes; its exit status, or None when it was killed (with
+        whatever it started in its session) at `timeout` seconds of its own time: its wall time less what
+        `waited()` says it spent waiting for its turn (compile_turns.py), and at `hard_timeout` seconds of wall
+        time whatever it waited."""
         process = subprocess.Popen(list(command), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True, text=True, errors="replace")
         killed: List[bool] = []
+        done = threading.Event()
+        started = time.time()
 
-        def kill() -> None:
-            killed.append(True)
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except OSError:
-                pass
+        def watch() -> None:
+            while not done.wait(WATCH_S):
+                elapsed = time.time() - started
+                own = elapsed - (waited() if waited is not None else 0.0)
+                if own > timeout or (hard_timeout is not None and elapsed > hard_timeout):
+                    killed.append(True)
+                    try:
+                        os.killpg(process.pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                    return
 
-        timer = threading.Timer(max(0.0, timeout), kill)
-        timer.daemon = True
-        timer.start()
+        watcher = threading.Thread(target=watch, name=f"joblog-limit-{source}", daemon=True)
+        watcher.start()
         try:
             for line in process.stdout:
                 self.write(source, line)
             process.wait()
         finally:
-            timer.cancel()
+            done.set()
             process.stdout.close()
         return None if killed else process.returncode

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from . import compile_turns
 from . import models as M
 from . import report
 from . import session as S
@@ -60,10 +61,12 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 
 def run_job(job: Dict[str, Any], work: Path, env: Dict[str, str], timeout: float,
-            log: Optional["JobLog"] = None) -> Dict[str, Any]:
+            log: Optional["JobLog"] = None, hard_timeout: Optional[float] = None) -> Dict[str, Any]:
     """Run one configuration in a fresh process; returns its result (or the error). Its output goes to its own
     log in `work`, or, given `log`, into that one log, line by line (check.py). A job killed at `timeout` that
-    wrote its figures so far (worker.py's checkpoints) returns those, with the error."""
+    wrote its figures so far (worker.py's checkpoints) returns those, with the error. Given `log`, the time the
+    job waited for its turns at compiling (compile_turns.py) does not count against `timeout`, and
+    `hard_timeout` bounds its wall time whatever it waited."""
     tag = job_tag(job)
     job_path, result_path, log_path = work / f"{tag}.job.json", work / f"{tag}.result.json", work / f"{tag}.log"
     job_path.write_text(json.dumps(job))
@@ -74,7 +77,10 @@ def run_job(job: Dict[str, Any], work: Path, env: Dict[str, str], timeout: float
     spawned = time.time()
     step = None
     if log is not None:
-        code = log.run(tag, command, cwd=str(REPO), env=env, timeout=timeout)
+        waits = compile_turns.waits_path(result_path)
+        waits.unlink(missing_ok=True)
+        code = log.run(tag, command, cwd=str(REPO), env=env, timeout=timeout,
+                       waited=lambda: compile_turns.waited_seconds(waits), hard_timeout=hard_timeout)
         tail = lambda: log.tail(tag)  # noqa: E731
         step = log.last_step(tag)
     else:
@@ -101,8 +107,9 @@ def run_job(job: Dict[str, Any], work: Path, env: Dict[str, str], timeout: float
     if code is None and "error" not in result:
         result["error"] = f"timed out after {timeout:.0f} s"
     result["process_wall_s"] = wall
-    if result.get("first_result_at"):
-        result["process_to_first_result_s"] = result["first_result_at"] - spawned
+    if result.get("first_result_at"):  # less any wait for its turn at compiling: not the job's own time
+        result["process_to_first_result_s"] = (result["first_result_at"] - spawned
+                                               - float(result.get("first_call_turn_wait_s") or 0.0))
     for stamp, seconds in (("first_image_at", "first_image_s"), ("last_image_at", "session_s")):
         if result.get(stamp):  # session.py's figures count from the process's start
             result[seconds] = result[stamp] - spawned

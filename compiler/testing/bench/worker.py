@@ -46,6 +46,7 @@ inputs channels-last against contiguous (`channels_last`; `"channels_last": fals
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import math
@@ -60,6 +61,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from ...backends.build_profile import CompileProfile, machine_busy_seconds
+from .compile_turns import COMPILING, SWEEP_COMPILES, CompileTurns, waited_seconds, waits_path
 from . import phases
 
 _T0 = time.perf_counter()
@@ -216,8 +218,11 @@ def run_job(job: Dict[str, Any], checkpoint: Callable[[Dict[str, Any]], None] = 
     # -- first call: a cold compile, a warm-cache compile, a load, or eager's first call
     before = count()
     _say(f"{variant} {model.name}: built in {result['build_s']:.1f} s; first call at {base}")
-    with CompileProfile() as profile:  # the CPU this job's processes used in it, where its main thread was
-        result["first_call_s"] = timed(compiled_fn, base)
+    turns = CompileTurns(job.get("compile_lock"), job.get("turn_waits"))  # compiles one at a time (check.py)
+    with turns.turn() if variant in COMPILING else contextlib.nullcontext():
+        with CompileProfile() as profile:  # the CPU this job's processes used in it, where its main thread was
+            result["first_call_s"] = timed(compiled_fn, base)
+    result["first_call_turn_wait_s"] = round(turns.waited_s, 2)
     result["first_call_profile"] = {**profile.phases(), "main_thread": profile.sampler.top()}
     _say(f"first call {result['first_call_s']:.1f} s, {count() - before} compiles")
     result["first_result_at"] = time.time()  # wall clock: the parent subtracts its spawn time
@@ -243,6 +248,7 @@ def run_job(job: Dict[str, Any], checkpoint: Callable[[Dict[str, Any]], None] = 
             result["steady_static"] = _steady(timed, eager_fn, compiled_fn, [base], reps, count)
 
     if variant in ("torch_compile_warm", "ours_aot_fresh"):  # only their first call is of interest
+        result["compile_turn_wait_s"] = round(turns.waited_s, 2)
         return _finish(result, variant, count, registry, wrapper, watcher, job, cuda)
 
     # -- static-shape graphs: the sweep's and steady shapes declared and warmed up before the sweep
@@ -265,6 +271,8 @@ def run_job(job: Dict[str, Any], checkpoint: Callable[[Dict[str, Any]], None] = 
     else:
         sweep = []
         result["sweep_of"] = len(model.sweep())  # a job stopped half-way says how much of it it ran
+        recompiles = turns.turn() if variant in SWEEP_COMPILES else contextlib.nullcontext()
+        recompiles.__enter__()
         sweep_started = time.perf_counter()
         for shape in model.sweep():
             if window is not None and sweep and time.perf_counter() - sweep_started > window:
@@ -279,6 +287,7 @@ def run_job(job: Dict[str, Any], checkpoint: Callable[[Dict[str, Any]], None] = 
             result.update(sweep=sweep, sweep_compiles=sum(row["compiles"] for row in sweep))
             checkpoint(result)
         result["sweep_wall_s"] = time.perf_counter() - sweep_started
+        recompiles.__exit__(None, None, None)
         result["sweep"] = sweep
         result["sweep_compiles"] = sum(row["compiles"] for row in sweep)
         if registry is not None and getattr(getattr(wrapper, "options", None), "verify", False) \
@@ -303,6 +312,7 @@ def run_job(job: Dict[str, Any], checkpoint: Callable[[Dict[str, Any]], None] = 
         with lock():  # after every memory figure: the layout's copies of the weights are not the job's
             result["channels_last"] = _channels_last_steady(timed, module, inputs, model.steady_shapes, reps)
         checkpoint(result)
+    result["compile_turn_wait_s"] = round(turns.waited_s, 2)
     return _finish(result, variant, count, registry, wrapper, watcher, job, cuda)
 
 
@@ -530,8 +540,9 @@ def partial_path(result_path: Path) -> Path:
     return result_path.with_suffix(".partial.json")
 
 
-def _print_stacks_later(seconds: float) -> None:
-    """Print every thread's Python stack after `seconds`, from a Python thread (holding the GIL).
+def _print_stacks_later(seconds: float, waited: Optional[Callable[[], float]] = None) -> None:
+    """Print every thread's Python stack after `seconds` of the job's own time (its waits for a turn at compiling,
+    `waited()`, left out, as the runner's limit leaves them out), from a Python thread (holding the GIL).
 
     Not faulthandler.dump_traceback_later: on the lent H100 (2026-11-27) two jobs, in Inductor's compile, died
     with SIGSEGV within 0.2 s of its dump (frames "<shim>" and "<interpreter trampoline>" in it): it reads other
@@ -546,9 +557,13 @@ def _print_stacks_later(seconds: float) -> None:
         print("\n".join(lines), file=sys.stderr, flush=True)
         print_build_stacks()
 
-    timer = threading.Timer(seconds, dump)
-    timer.daemon = True
-    timer.start()
+    def wait_then_dump() -> None:
+        started = time.time()
+        while time.time() - started - (waited() if waited is not None else 0.0) < seconds:
+            time.sleep(min(0.5, max(0.01, seconds / 20)))
+        dump()
+
+    threading.Thread(target=wait_then_dump, name="keepfast-stacks-later", daemon=True).start()
 
 
 def print_build_stacks() -> None:
@@ -566,6 +581,7 @@ def print_build_stacks() -> None:
 def main(argv: List[str]) -> int:
     job_path, result_path = Path(argv[0]), Path(argv[1])
     job = json.loads(job_path.read_text())
+    job.setdefault("turn_waits", str(waits_path(result_path)))  # where the runner reads this job's waits
     if job.get("dump_after_s"):  # where a long compile is when the parent's time limit comes
         import faulthandler
         import tempfile
@@ -575,7 +591,7 @@ def main(argv: List[str]) -> int:
         faulthandler.enable()  # a crash prints the stacks as it happens
         os.environ[STACKS_ENV] = tempfile.mkdtemp(prefix="keepfast-build-stacks-")  # the build processes inherit it
         atexit.register(shutil.rmtree, os.environ[STACKS_ENV], True)
-        _print_stacks_later(float(job["dump_after_s"]))
+        _print_stacks_later(float(job["dump_after_s"]), lambda: waited_seconds(job["turn_waits"]))
     checkpoint = (lambda result: _write(partial_path(result_path), result)) if job.get("checkpoints") else \
         (lambda result: None)
     try:
