@@ -9,6 +9,7 @@ graphs and never replaces another family's.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
@@ -32,15 +33,17 @@ class FamilyKey:
     torch_version: str
 
     @classmethod
+    @functools.lru_cache(maxsize=1024)
     def here(cls, architecture: str, structure: str, signature: str, dtype, device, backend: str) -> "FamilyKey":
         """The family of a graph that runs on this machine's torch, from a dtype and device as torch names
-        them: the one place where those become key fields (whole models and blocks alike)."""
+        them: the one place where those become key fields (whole models and blocks alike). The same arguments
+        give the same key object (every call of a model asks), whose `id` is then hashed once."""
         from .environment import device_kind, dtype_name, torch_version
 
         return cls(architecture=architecture, structure=structure, signature=signature, dtype=dtype_name(dtype),
                    device=device_kind(device), backend=backend, torch_version=torch_version())
 
-    @property
+    @functools.cached_property
     def id(self) -> str:
         return _short_hash(asdict(self))
 
@@ -85,7 +88,7 @@ class GraphKey:
     shape_range: ShapeRange
     variant: str = ""
 
-    @property
+    @functools.cached_property
     def id(self) -> str:
         suffix = f"-{self.variant}" if self.variant else ""
         return f"{self.family.id}-{_short_hash(self.shape_range.to_json(), 8)}{suffix}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from operator import is_
 import threading
 import weakref
 from typing import Dict, Iterator, List, Tuple
@@ -25,6 +26,18 @@ import torch
 
 MODULE_PREFIX = "m."  # a graph's name for a module tensor: the prefix, then its path (flat_module.py)
 _SERIALS = itertools.count(1)  # never reused, unlike id(): a new module's snapshot never looks like an old one's
+
+
+def _none() -> None:
+    return None
+
+
+def _ref(obj):
+    """A weak reference, or for a None child (a module registered as None) something that gives None back."""
+    return _none if obj is None else weakref.ref(obj)
+
+
+_data_ptr = torch.Tensor.data_ptr
 
 
 def _address(tensor: torch.Tensor) -> int:
@@ -52,57 +65,56 @@ class ModuleSnapshot:
         return self.serial, self.version
 
     def _collect(self, module: torch.nn.Module) -> None:
-        subs = list(module.named_modules(remove_duplicate=False))
-        self._children = [(weakref.ref(sub), tuple(weakref.ref(child) for child in sub._modules.values()))
-                          for _, sub in subs]
-        entries: List[Tuple[weakref.ref, str, int, List[Tuple[str, str, weakref.ref, int]]]] = []
+        subs = [sub for _, sub in module.named_modules(remove_duplicate=False)]
+        prefixes = [prefix for prefix, _ in module.named_modules(remove_duplicate=False)]
+        # each submodule's own dicts, held as they are (not what they held: a weight replaced in one is not kept
+        # alive here); a module's dicts are made with it and stay its own, so its entries are read from them
+        self._module_dicts = [sub._modules for sub in subs]
+        self._stores = [sub._parameters for sub in subs] + [sub._buffers for sub in subs]
+        self._children = [_ref(child) for sub in subs for child in sub._modules.values()]
+        names: List[str] = []
+        held: List[Tuple[str, weakref.ref]] = []
         shapes = []
         for kind in ("_parameters", "_buffers"):
-            for prefix, sub in subs:
-                store = getattr(sub, kind)
-                held = []
-                for name, tensor in store.items():
+            for prefix, sub in zip(prefixes, subs):
+                for name, tensor in getattr(sub, kind).items():
+                    names.append(name)
                     if tensor is None:
                         continue
                     path = f"{prefix}.{name}" if prefix else name
-                    held.append((name, MODULE_PREFIX + path, weakref.ref(tensor), _address(tensor)))
+                    held.append((MODULE_PREFIX + path, weakref.ref(tensor)))
                     if kind == "_parameters":
                         shapes.append((path, tuple(tensor.shape)))
-                entries.append((weakref.ref(sub), kind, len(store), held))
-        self._entries = entries
+        self._names = names
+        self._held = held
+        self._tensors = [ref for _, ref in held]
+        self._addresses = [_address(ref()) for ref in self._tensors]
         self.shapes = tuple(shapes)
         self.version += 1
 
     def fresh(self) -> bool:
         """Whether the module still holds what was collected, where it was collected."""
         try:
-            return self._same(lambda tensor: tensor.data_ptr())
+            return self._same(_data_ptr)
         except RuntimeError:  # a tensor subclass without storage of its own: checked by identity there
             return self._same(_address)
 
     def _same(self, address_of) -> bool:
-        for sub_ref, children in self._children:
-            sub = sub_ref()
-            if sub is None or [ref() for ref in children] != list(sub._modules.values()):
-                return False
-        for sub_ref, kind, size, held in self._entries:
-            sub = sub_ref()
-            store = getattr(sub, kind, None) if sub is not None else None
-            if store is None or len(store) != size:
-                return False
-            for name, _, ref, address in held:
-                tensor = store.get(name)
-                if tensor is None or tensor is not ref() or address_of(tensor) != address:
-                    return False
-        return True
+        """Each list built and compared in one pass (comprehensions, `map`): 684 tensors and 708 submodules of the
+        SD1.5 UNet are checked on every call."""
+        children = [child for held in self._module_dicts for child in held.values()]
+        if len(children) != len(self._children) or not all(map(is_, children, [ref() for ref in self._children])):
+            return False
+        if [name for store in self._stores for name in store] != self._names:
+            return False
+        tensors = [t for store in self._stores for t in store.values() if t is not None]
+        if len(tensors) != len(self._tensors) or not all(map(is_, tensors, [ref() for ref in self._tensors])):
+            return False
+        return list(map(address_of, tensors)) == self._addresses
 
     def tensors(self) -> Dict[str, torch.Tensor]:
         """The tensors as collected (call after `refresh`): a new dict each time, the caller's to keep."""
-        out: Dict[str, torch.Tensor] = {}
-        for _, _, _, held in self._entries:
-            for _, full, ref, _ in held:
-                out[full] = ref()
-        return out
+        return {full: ref() for full, ref in self._held}
 
     def refresh(self, module: torch.nn.Module) -> "ModuleSnapshot":
         with self._lock:

@@ -49,6 +49,30 @@ def test_a_snapshot_keeps_no_replaced_weight_alive():
     assert old() is None  # ComfyUI frees GPU memory by swapping weights: nothing here may hold the old ones
 
 
+def test_a_model_let_go_or_a_module_taken_out_leaves_nothing_held():
+    """The snapshot reads each submodule's own dicts (held as they are, for a fast check per call): a model let go
+    frees its weights, and a submodule taken out is let go at the next check."""
+    model = _model()
+    module_snapshot.snapshot_of(model)
+    weight = weakref.ref(model[0].weight)
+    del model
+    gc.collect()
+    assert weight() is None
+    model = _model()
+    first = module_snapshot.snapshot_of(model).token
+    removed = weakref.ref(model[2].weight)
+    del model[2]  # taken out of the model
+    assert module_snapshot.snapshot_of(model).token != first and "m.2.weight" not in module_tensors(model)
+    gc.collect()
+    assert removed() is None
+    model.register_module("gap", None)  # a module slot holding None, as some models register
+    model.register_buffer("unset", None)
+    before = module_snapshot.snapshot_of(model).token
+    assert module_snapshot.snapshot_of(model).token == before  # checked again, the same
+    model.unset = torch.zeros(2)  # the empty buffer now holds a tensor
+    assert module_snapshot.snapshot_of(model).token != before and "m.unset" in module_tensors(model)
+
+
 def test_one_call_checks_the_module_once(monkeypatch):
     model = _model()
     module_snapshot.snapshot_of(model)

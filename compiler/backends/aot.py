@@ -48,6 +48,7 @@ from . import aot_parts, conv_layout, cxx_linkage, loader_check, package_builds,
 from .base import (UNLABELLED, Backend, BuildInProcess, BuildLabel, CompileFailed, CompiledGraph, PackageInfo, PendingGraph, Progress,
                    WeightsElsewhere, call_device, no_progress, weights_elsewhere)
 from .cuda_graphs import Replays
+from .flat_runner import FlatRunner
 from .export_guards import exported_shapes, guard_texts
 
 log = logging.getLogger("keepfast")
@@ -406,14 +407,14 @@ def _load_runner(folder: Path, package_bytes: bytes, wiring: Optional[dict] = No
 
     def load(model: str):
         try:
-            return AOTICompiledModel(_new_loader(str(folder), model, index))
+            return FlatRunner(AOTICompiledModel(_new_loader(str(folder), model, index)))
         except RuntimeError as error:
             if "zip" not in str(error).lower():
                 raise
             path = folder / "graph.pt2"
             if not path.is_file():
                 path.write_bytes(package_bytes)
-            return AOTICompiledModel(_new_loader(str(path), model, index))
+            return FlatRunner(AOTICompiledModel(_new_loader(str(path), model, index)))
 
     if wiring is None:
         return load("model")
