@@ -33,11 +33,21 @@ class FamilyKey:
     torch_version: str
 
     @classmethod
-    @functools.lru_cache(maxsize=1024)
     def here(cls, architecture: str, structure: str, signature: str, dtype, device, backend: str) -> "FamilyKey":
         """The family of a graph that runs on this machine's torch, from a dtype and device as torch names
         them: the one place where those become key fields (whole models and blocks alike). The same arguments
-        give the same key object (every call of a model asks), whose `id` is then hashed once."""
+        give the same key object (every call of a model asks), whose `id` is then hashed once; a GPU named
+        without its index ("cuda": whichever is current) is looked up each time."""
+        import torch
+
+        named = torch.device(device) if isinstance(device, str) else device
+        if isinstance(named, torch.device) and (named.type == "cpu" or named.index is not None):
+            return cls._here(architecture, structure, signature, dtype, named, backend)
+        return cls._here.__wrapped__(cls, architecture, structure, signature, dtype, device, backend)
+
+    @classmethod
+    @functools.lru_cache(maxsize=1024)
+    def _here(cls, architecture: str, structure: str, signature: str, dtype, device, backend: str) -> "FamilyKey":
         from .environment import device_kind, dtype_name, torch_version
 
         return cls(architecture=architecture, structure=structure, signature=signature, dtype=dtype_name(dtype),

@@ -271,8 +271,9 @@ def run_job(job: Dict[str, Any], checkpoint: Callable[[Dict[str, Any]], None] = 
     else:
         sweep = []
         result["sweep_of"] = len(model.sweep())  # a job stopped half-way says how much of it it ran
-        recompiles = turns.turn() if variant in SWEEP_COMPILES else contextlib.nullcontext()
-        recompiles.__enter__()
+        recompiles = contextlib.ExitStack()  # a sweep that recompiles takes its turn too
+        if variant in SWEEP_COMPILES:
+            recompiles.enter_context(turns.turn())
         sweep_started = time.perf_counter()
         for shape in model.sweep():
             if window is not None and sweep and time.perf_counter() - sweep_started > window:
@@ -287,7 +288,7 @@ def run_job(job: Dict[str, Any], checkpoint: Callable[[Dict[str, Any]], None] = 
             result.update(sweep=sweep, sweep_compiles=sum(row["compiles"] for row in sweep))
             checkpoint(result)
         result["sweep_wall_s"] = time.perf_counter() - sweep_started
-        recompiles.__exit__(None, None, None)
+        recompiles.close()
         result["sweep"] = sweep
         result["sweep_compiles"] = sum(row["compiles"] for row in sweep)
         if registry is not None and getattr(getattr(wrapper, "options", None), "verify", False) \
