@@ -143,3 +143,19 @@ def test_the_time_to_a_first_result_leaves_the_wait_for_the_turn_out(tmp_path, m
     result = runner.run_job({"model": "sd15", "variant": "torch_compile"}, tmp_path, {}, 60.0,
                             log=JobLog(tmp_path / "check.log"))
     assert 9.0 < result["process_to_first_result_s"] < 11.0, result  # 50 s after its start, 40 of them waiting
+
+
+def test_a_job_stopped_while_it_waited_for_its_turn_says_so(tmp_path, monkeypatch):
+    from compiler.testing.bench import joblog, runner
+
+    def fake_run(self, source, command, cwd, env, timeout, waited=None, hard_timeout=None):
+        waits = compile_turns.waits_path(command[4])
+        waits.write_text(json.dumps({"waited_s": 0.0, "waiting_since": time.time() - 120.0}))
+        self.write(source, "[     3.0 s] ours_blocks flux: built in 3.0 s; first call at (1, 64, 64, 1)")
+        return None  # stopped: the check's budget ran out while it waited
+
+    monkeypatch.setattr(joblog.JobLog, "run", fake_run)
+    result = runner.run_job({"model": "flux", "variant": "ours_blocks"}, tmp_path, {}, 180.0,
+                            log=JobLog(tmp_path / "check.log"), hard_timeout=150.0)
+    first = result["error"].splitlines()[0]
+    assert first.startswith("timed out after 180 s of its own time, 12") and "waiting for its turn" in first, first

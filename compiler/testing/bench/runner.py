@@ -76,11 +76,13 @@ def run_job(job: Dict[str, Any], work: Path, env: Dict[str, str], timeout: float
     command = [sys.executable, "-m", "compiler.testing.bench.worker", str(job_path), str(result_path)]
     spawned = time.time()
     step = None
+    waited = lambda: 0.0  # noqa: E731 - its waits for a turn at compiling (compile_turns.py), with `log`
     if log is not None:
         waits = compile_turns.waits_path(result_path)
         waits.unlink(missing_ok=True)
-        code = log.run(tag, command, cwd=str(REPO), env=env, timeout=timeout,
-                       waited=lambda: compile_turns.waited_seconds(waits), hard_timeout=hard_timeout)
+        waited = lambda: compile_turns.waited_seconds(waits)  # noqa: E731
+        code = log.run(tag, command, cwd=str(REPO), env=env, timeout=timeout, waited=waited,
+                       hard_timeout=hard_timeout)
         tail = lambda: log.tail(tag)  # noqa: E731
         step = log.last_step(tag)
     else:
@@ -97,6 +99,8 @@ def run_job(job: Dict[str, Any], work: Path, env: Dict[str, str], timeout: float
         result = json.loads(result_path.read_text())
     else:
         why = f"timed out after {timeout:.0f} s" if code is None else f"exited with {code}"
+        if code is None and waited() >= 1.0:  # stopped by the budget while it waited for other jobs' compiles
+            why += f" of its own time, {waited():.0f} s more waiting for its turn to compile"
         if step:  # the error's first line (the report's row) says where it was, not a line of its stacks
             why += f", its last step: {' '.join(step.split())}"
         result = json.loads(partial.read_text()) if partial.exists() else {"variant": job["variant"],
