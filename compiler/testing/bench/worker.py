@@ -37,6 +37,8 @@ largest difference from eager over the shapes run: `vs_eager`),
 `checkpoints` (the result so far written after each phase, so a job killed at
 its time limit still tells its first call), `steady_lock` (a file locked while
 steady-state pairs are timed, so two jobs never time at once on one GPU),
+`compile_lock` (a file locked while the job compiles, so two jobs never compile at once:
+compile_turns.py; its waits go to `turn_waits`, by default beside the result, for the runner),
 `steady_static` False and `first_use_cost` False (phases left out), and
 `dump_after_s` (Python's stacks into the log shortly before the time limit).
 An eager job of a UNet or VAE on a GPU also times the model with its weights and
