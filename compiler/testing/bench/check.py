@@ -218,6 +218,7 @@ def _row(job: CheckJob, result: Optional[Dict[str, Any]]) -> Dict[str, Any]:
         "cuda_max_memory_allocated_mb": result.get("cuda_max_memory_allocated_mb"),
         "cuda_call": result.get("cuda_call"),
         "channels_last": result.get("channels_last"),
+        "call_overhead": result.get("call_overhead"),
         "max_abs_diff_vs_eager": (result.get("vs_eager") or {}).get("max_abs"),
         "max_rel_diff_vs_eager": (result.get("vs_eager") or {}).get("max_rel"),
         "verified": result.get("verified"),
@@ -277,6 +278,13 @@ def markdown(check: Dict[str, Any]) -> List[str]:
         lines.append(f"| {row['model']} | {row['variant']} | {row['dtype']} | {status} | {_cell(row['first_call_s'])} "
                      f"| {_cell(row['process_to_first_result_s'])} | {_cell(row['first_call_compiles'])} | {sweep} "
                      f"| {steady} | {_cell(row['steady_vs_eager'])} | {_peak_cell(row)} | {diff} | {checks} |")
+    overheads = [row for row in check["rows"] if row.get("call_overhead")]
+    if overheads:
+        lines += ["", "The pack's own work around its graph's run in a call (call_overhead.py; medians of "
+                  "synchronised calls at the steady shape):"]
+        lines += [f"- {row['model']} {row['variant']} {row['call_overhead']['shape']}: "
+                  f"{row['call_overhead']['outside_ms']:.2f} ms of a {row['call_overhead']['whole_ms']:.2f} ms call "
+                  f"(its graph's run {row['call_overhead']['graph_run_ms']:.2f} ms)" for row in overheads]
     layouts = [(row["model"], key, cell) for row in check["rows"] for key, cell in (row.get("channels_last") or {}).items()]
     if layouts:
         lines += ["", "Eager with the weights and inputs channels-last (NHWC) against contiguous (NCHW), alternating "
