@@ -65,8 +65,8 @@ class ModuleSnapshot:
         return self.serial, self.version
 
     def _collect(self, module: torch.nn.Module) -> None:
-        subs = [sub for _, sub in module.named_modules(remove_duplicate=False)]
-        prefixes = [prefix for prefix, _ in module.named_modules(remove_duplicate=False)]
+        named = list(module.named_modules(remove_duplicate=False))
+        subs = [sub for _, sub in named]
         # each submodule's own dicts, held as they are (not what they held: a weight replaced in one is not kept
         # alive here); a module's dicts are made with it and stay its own, so its entries are read from them
         self._module_dicts = [sub._modules for sub in subs]
@@ -76,7 +76,7 @@ class ModuleSnapshot:
         held: List[Tuple[str, weakref.ref]] = []
         shapes = []
         for kind in ("_parameters", "_buffers"):
-            for prefix, sub in zip(prefixes, subs):
+            for prefix, sub in named:
                 for name, tensor in getattr(sub, kind).items():
                     names.append(name)
                     if tensor is None:

@@ -21,13 +21,12 @@ REPS = 10
 def measure(timed: Callable[[Any, Any], float], compiled_fn: Callable, shape, reps: int = REPS) -> Optional[Dict[str, Any]]:
     """Per call at `shape`: the whole call's median ms, the median ms inside the graph's run, and what is left (the
     pack's work around the run); None where no whole-model graph ran (eager, blocks, torch.compile)."""
+    import torch
+
     from ...backends import aot
 
     inside: list = []
     real = aot.AotGraph.run
-
-    import torch
-
     gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
 
     def run(self, *args, **kwargs):

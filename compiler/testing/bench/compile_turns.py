@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
-from ... import file_lock
+from ... import atomic, file_lock
 
 # Variants whose first call compiles; torch_compile_blocks also recompiles in its sweep.
 COMPILING = ("ours_aot_cold", "ours_blocks", "ours_inductor", "torch_compile", "torch_compile_blocks")
@@ -60,9 +59,7 @@ class CompileTurns:
     def _write(self, waiting_since: Optional[float]) -> None:
         if self.waits is None:
             return
-        temporary = self.waits.with_suffix(".tmp")
-        temporary.write_text(json.dumps({"waited_s": self.waited_s, "waiting_since": waiting_since}))
-        os.replace(temporary, self.waits)
+        atomic.write_bytes(self.waits, json.dumps({"waited_s": self.waited_s, "waiting_since": waiting_since}).encode())
 
 
 def waited_seconds(waits: Union[str, Path], now: Optional[float] = None) -> float:
