@@ -95,10 +95,22 @@ def test_a_compiled_model_serves_its_new_weights_after_each_kind_of_change():
     x = torch.randn(3, 8)
     with torch.no_grad():
         assert torch.allclose(model(x), twin(x), atol=1e-5)
+        bound = model[0].weight.untyped_storage()._weak_ref()  # bound to the graph by the first call
         new = torch.randn(16, 8)
         model[0].weight = torch.nn.Parameter(new.clone())  # replaced
         twin[0].weight = torch.nn.Parameter(new.clone())
         assert torch.allclose(model(x), twin(x), atol=1e-5)
+        gc.collect()
+        # the runner holds no replaced weight: torch's user-managed constants kept every one for good (ComfyUI's
+        # LoRA patching replaces Parameters; backends/borrowed_weights.py)
+        assert torch.UntypedStorage._expired(bound)
+        for _ in range(3):  # patched and unpatched again: each weight let go is freed
+            bound = model[0].weight.untyped_storage()._weak_ref()
+            model[0].weight = torch.nn.Parameter(torch.randn(16, 8))
+            twin[0].weight = torch.nn.Parameter(model[0].weight.detach().clone())
+            assert torch.allclose(model(x), twin(x), atol=1e-5)
+            gc.collect()
+            assert torch.UntypedStorage._expired(bound)
         data = torch.randn(4, 16)
         model[2].weight.data = data.clone()  # new storage under the same Parameter
         twin[2].weight.data = data.clone()

@@ -48,6 +48,7 @@ from . import aot_parts, conv_layout, cxx_linkage, loader_check, package_builds,
 from .base import (UNLABELLED, Backend, BuildInProcess, BuildLabel, CompileFailed, CompiledGraph, PackageInfo, PendingGraph, Progress,
                    WeightsElsewhere, call_device, no_progress, weights_elsewhere)
 from .cuda_graphs import Replays
+from .borrowed_weights import bind, borrowed_views
 from .flat_runner import FlatRunner
 from .export_guards import exported_shapes, guard_texts
 
@@ -303,7 +304,7 @@ class AotGraph(CompiledGraph):
             misplaced = weights_elsewhere(chosen, device)
             if misplaced:
                 raise WeightsElsewhere(misplaced)
-            runner.load_constants(chosen, check_full_update=True, user_managed=True)
+            bind(runner, borrowed_views(chosen), check_full_update=True)  # by pointer, never kept (borrowed_weights.py)
             self._bound[index] = token
         return runner
 

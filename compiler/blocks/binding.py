@@ -2,7 +2,7 @@
 
 One AOTInductor runner per graph; before an instance's call its own weights
 are handed to the runner by pointer (`load_constants(..., user_managed=True)`:
-no copy), so N instances cost one graph in memory and one compile.
+no copy; as views that do not own the memory, backends/borrowed_weights.py), so N instances cost one graph in memory and one compile.
 
 What a call costs on top of the graph itself (measured on this 2-core CPU,
 torch 2.13, a Flux double block with 32 weight tensors): walking the module
@@ -30,6 +30,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..backends.aot import AotGraph, index_of
+from ..backends.borrowed_weights import BorrowedWeights, bind, borrowed_views
 from ..backends.base import CompiledGraph, WeightsElsewhere, call_device, weights_elsewhere
 from ..flat_module import MODULE_PREFIX
 from .export import empty_to_none
@@ -46,7 +47,7 @@ class InstanceWeights:
                  extra: Optional[Callable[[torch.nn.Module, Optional[torch.device]], Optional[CallTensors]]] = None):
         self.module = module
         self.serial = next(_SERIALS)
-        self._entries: List[Tuple[Dict[str, Any], str, torch.Tensor, int]] = []
+        self._entries: List[Tuple[Dict[str, Any], str, torch.Tensor, Any]] = []
         self.tensors: Dict[str, torch.Tensor] = {}
         self.version = 0
         self.extra = extra
@@ -69,7 +70,7 @@ class InstanceWeights:
                         continue
                     # a tensor subclass weight (ComfyUI's QuantizedTensor: fp8 bytes and a scale): torch.export
                     # lifts its parts as `<module>.parametrizations.<name>.original<i>`, in flattening order
-                    entries.append((store, name, tensor, inner[0].data_ptr() if inner else 0))
+                    entries.append((store, name, tensor, _pointer(tensor)))
                     owner = MODULE_PREFIX + (f"{prefix}." if prefix else "")
                     for i, part in enumerate(inner):
                         tensors[f"{owner}parametrizations.{name}.original{i}"] = part
@@ -124,11 +125,13 @@ class InstanceWeights:
         return None, None
 
 
-def _pointer(tensor: torch.Tensor) -> int:
+def _pointer(tensor: torch.Tensor) -> Any:
+    """Where a tensor's memory is; for a subclass, every part's (a part replaced on its own, the scale of an fp8
+    weight, must be bound again: the runner's view of the old one does not keep it)."""
     inner = subclass_parts(tensor)
     if inner is None:
         return tensor.data_ptr()
-    return inner[0].data_ptr() if inner else 0
+    return tuple(part.data_ptr() for part in inner)
 
 
 class SharedRunner:
@@ -146,14 +149,14 @@ class SharedRunner:
         self.lock = getattr(graph, "_lock", None) or threading.Lock()
         self.direct = isinstance(graph, AotGraph) and names is not None and spec is not None
         self._names, self._spec = list(names or ()), spec
-        self._chosen: Dict[int, Tuple[int, Dict[str, torch.Tensor]]] = {}
+        self._chosen: Dict[int, Tuple[int, BorrowedWeights]] = {}
 
-    def _constants(self, weights: InstanceWeights) -> Dict[str, torch.Tensor]:
+    def _constants(self, weights: InstanceWeights) -> BorrowedWeights:
         cached = self._chosen.get(weights.serial)
         if cached is not None and cached[0] == weights.version:
             return cached[1]
         try:
-            chosen = {name: weights.tensors[name] for name in self._names}
+            chosen = borrowed_views({name: weights.tensors[name] for name in self._names})
         except KeyError as missing:
             raise RuntimeError(f"the block has no tensor {missing.args[0][len(MODULE_PREFIX):]}") from None
         if not weights.transient:  # a per-call delta is never kept alive by the cache
@@ -189,7 +192,7 @@ class SharedRunner:
                 misplaced = self.misplaced(weights, device)
                 if misplaced:
                     raise WeightsElsewhere(misplaced)
-                runner.load_constants(self._constants(weights), check_full_update=False, user_managed=True)
+                bind(runner, self._constants(weights), check_full_update=False)
                 bound[index] = token
             try:
                 outputs = runner(inputs)

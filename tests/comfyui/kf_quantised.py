@@ -20,6 +20,7 @@ findings after "KEEPFAST-RESULT ".
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -185,6 +186,19 @@ def low_vram(nodes, runtime, blocks, G, F, family_name: str, out: dict) -> dict:
     def counts() -> dict:
         return {k: registry.log.counts.get(k, 0) for k in ("compile", "load", "fallback", "refused", "mismatch")}
 
+    # every weight patched for one call, watched: once its call is over nothing may keep it (torch's user-managed
+    # constants kept each one bound to a graph for good; compiler/backends/borrowed_weights.py)
+    lowvram = sys.modules[runtime.__name__.rsplit(".", 1)[0] + ".lowvram"]
+    made_for_a_call = []
+    call_tensors = lowvram.LowVramWeights.call_tensors
+
+    def watched(self, module, device=None):
+        found = call_tensors(self, module, device)
+        for tensor in (found[0].values() if found else ()):
+            made_for_a_call.append(tensor.untyped_storage()._weak_ref())
+        return found
+
+    lowvram.LowVramWeights.call_tensors = watched
     patcher = G.load_float(family_name, G.build_float(family_name, seed=0))
     with torch.inference_mode():
         fast = nodes["KeepFastModelSpeedup"].execute(model=patcher, **RANGE).args[0]
@@ -222,6 +236,9 @@ def low_vram(nodes, runtime, blocks, G, F, family_name: str, out: dict) -> dict:
     with torch.inference_mode(), engine.eager_scope():
         plain = model(*args, **kwargs)
     out["changed_by_lora"] = float((first_want - plain).abs().max())
+    gc.collect()
+    out["per_call_tensors"] = len(made_for_a_call)
+    out["per_call_tensors_kept"] = sum(1 for ref in made_for_a_call if not torch.UntypedStorage._expired(ref))
     out["lowvram"] = rows
     out["counts"] = counts()
     return out

@@ -219,12 +219,22 @@ def _row(job: CheckJob, result: Optional[Dict[str, Any]]) -> Dict[str, Any]:
         "cuda_call": result.get("cuda_call"),
         "channels_last": result.get("channels_last"),
         "call_overhead": result.get("call_overhead"),
+        "weight_release": result.get("weight_release"),
         "max_abs_diff_vs_eager": (result.get("vs_eager") or {}).get("max_abs"),
         "max_rel_diff_vs_eager": (result.get("vs_eager") or {}).get("max_rel"),
         "verified": result.get("verified"),
         "graphs_saved": result.get("graphs_saved"),
     })
     return row
+
+
+def _release_cell(cell: Dict[str, Any]) -> str:
+    text = f"{cell['kept']} of {cell['replaced']} copies kept ({cell['rounds']} rounds of {cell['weights']} weights)"
+    if cell.get("compiles"):
+        text += f", {cell['compiles']} compiles"
+    if "allocated_mb_before" in cell:
+        text += f", {cell['allocated_mb_before']:.0f} MB allocated before, {cell['allocated_mb_after']:.0f} MB after"
+    return text
 
 
 def summarise(jobs: List[CheckJob], results: Dict[Tuple[str, str], Dict[str, Any]], budget_s: float,
@@ -285,6 +295,11 @@ def markdown(check: Dict[str, Any]) -> List[str]:
         lines += [f"- {row['model']} {row['variant']} {row['call_overhead']['shape']}: "
                   f"{row['call_overhead']['outside_ms']:.2f} ms of a {row['call_overhead']['whole_ms']:.2f} ms call "
                   f"(its graph's run {row['call_overhead']['graph_run_ms']:.2f} ms)" for row in overheads]
+    released = [row for row in check["rows"] if row.get("weight_release")]
+    if released:
+        lines += ["", "Weights replaced by copies and put back, a call after each (LoRA patching; weight_release.py): "
+                  "copies still held after it, and the memory allocated before and after:"]
+        lines += [f"- {row['model']} {row['variant']}: {_release_cell(row['weight_release'])}" for row in released]
     layouts = [(row["model"], key, cell) for row in check["rows"] for key, cell in (row.get("channels_last") or {}).items()]
     if layouts:
         lines += ["", "Eager with the weights and inputs channels-last (NHWC) against contiguous (NCHW), alternating "

@@ -112,6 +112,7 @@ def _load_weightless(path: Path, module, args, steps: List[str], device_index: i
     from torch._inductor.package.package import AOTICompiledModel
 
     from ...backends import aot
+    from ...backends.borrowed_weights import bind, borrowed_views
 
     steps.append(f"loader({path.name}, device_index={device_index})")
     runner = AOTICompiledModel(aot._new_loader(str(path), "model", device_index))
@@ -119,7 +120,7 @@ def _load_weightless(path: Path, module, args, steps: List[str], device_index: i
     fqns = runner.get_constant_fqns()
     state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
     steps.append(f"load_constants({len(fqns)})")
-    runner.load_constants({name: state[name] for name in fqns}, check_full_update=True, user_managed=True)
+    bind(runner, borrowed_views({name: state[name] for name in fqns}), check_full_update=True)  # as the pack binds
     steps.append("run")
     with torch.no_grad():
         out = runner(*args)

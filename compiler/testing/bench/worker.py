@@ -64,7 +64,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ...backends.build_profile import CompileProfile, machine_busy_seconds
 from .compile_turns import COMPILING, SWEEP_COMPILES, CompileTurns, waited_seconds, waits_path
-from . import call_overhead, phases
+from . import call_overhead, phases, weight_release
 
 _T0 = time.perf_counter()
 
@@ -311,6 +311,11 @@ def run_job(job: Dict[str, Any], checkpoint: Callable[[Dict[str, Any]], None] = 
         result["vs_eager"] = _differences(compiled_fn, eager_fn, inputs, _spread(shapes_run, 4))
     if variant.startswith("ours_aot") and model.steady_shapes:  # the pack's own work around its graph's run
         result["call_overhead"] = call_overhead.measure(timed, compiled_fn, model.steady_shapes[0])
+    if variant.startswith(("ours_aot", "ours_blocks")) and variant != "ours_aot_fresh" and model.steady_shapes:
+        # weights replaced and put back, as LoRA patching does: whether the graphs keep the ones let go
+        shape = model.steady_shapes[0]
+        result["weight_release"] = weight_release.measure(module, lambda: timed(compiled_fn, shape), compiles=count)
+        checkpoint(result)
     if cuda:
         result["cuda_call"] = _call_memory(compiled_fn, inputs, max(shapes_run, key=math.prod))
     if variant == "eager" and cuda and model.kind != "transformer" and job.get("channels_last", True):
