@@ -2,7 +2,8 @@
 
 One AOTInductor runner per graph; before an instance's call its own weights
 are handed to the runner by pointer (`load_constants(..., user_managed=True)`:
-no copy; as views that do not own the memory, backends/borrowed_weights.py), so N instances cost one graph in memory and one compile.
+no copy; as views that do not own the memory, backends/borrowed_weights.py),
+so N instances cost one graph in memory and one compile.
 
 What a call costs on top of the graph itself (measured on this 2-core CPU,
 torch 2.13, a Flux double block with 32 weight tensors): walking the module

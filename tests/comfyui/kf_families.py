@@ -14,6 +14,7 @@ one JSON object of findings after "KEEPFAST-RESULT ".
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -31,6 +32,7 @@ RESTART_SWEEP = [(160, 160, 1, 11, 5), (128, 192, 2, 45, 9)]
 
 def main(pack: str, base: str, family_name: str, phase: str, dtype: str = "float32") -> dict:
     name, nodes = comfy_with_pack(pack, base)
+    import comfy.utils
     import torch
 
     runtime = sys.modules[name + ".nodes.runtime"]
@@ -93,14 +95,18 @@ def main(pack: str, base: str, family_name: str, phase: str, dtype: str = "float
         generator = torch.Generator().manual_seed(11)
         state = family.patcher.model_state_dict()
         patches = {k: (0.2 * torch.randn(state[k].shape, generator=generator),) for k in keys}
-        lora = []
+        lora, bound_patched = [], []
         plain = sample(fast, *SWEEP[0])
         for strength in (1.0, 0.5):
             patched_fast, patched_ref = fast.clone(), family.patcher.clone()
             patched_fast.add_patches({k: ("diff", v) for k, v in patches.items()}, strength)
             patched_ref.add_patches({k: ("diff", v) for k, v in patches.items()}, strength)
             before = counts()
-            got, want = sample(patched_fast, *SWEEP[0]), sample(patched_ref, *SWEEP[0])
+            got = sample(patched_fast, *SWEEP[0])
+            # the patched weights the graphs were bound to: freed once ComfyUI unpatches (torch's user-managed
+            # constants kept them for good; compiler/backends/borrowed_weights.py)
+            bound_patched.extend(comfy.utils.get_attr(fast.model, k).untyped_storage()._weak_ref() for k in keys)
+            want = sample(patched_ref, *SWEEP[0])
             lora.append({"strength": strength, "diff": float((got - want).abs().max()),
                          "changed": float((got - plain).abs().max()), "events": delta(before)})
         before = counts()
@@ -109,6 +115,9 @@ def main(pack: str, base: str, family_name: str, phase: str, dtype: str = "float
                      "events": delta(before)})
         out["lora"] = lora
         out["lora_patched_keys"] = len(keys)
+        gc.collect()
+        out["lora_patched_bound"] = len(bound_patched)
+        out["lora_patched_kept"] = sum(1 for ref in bound_patched if not torch.UntypedStorage._expired(ref))
 
         # One block whose weights ComfyUI patches per call (low-VRAM mode): that block eager, the rest compiled.
         path, module = engine.groups[-1].instances[0]

@@ -109,6 +109,8 @@ def test_lora_on_off_and_strength_need_no_compile(runs32):
         assert row["events"]["compile"] == 0 and row["events"]["fallback"] == 0, row
         assert row["diff"] < tolerance and row["changed"] > 10 * tolerance, row  # the patch took effect
     assert off["diff"] < tolerance and off["events"]["compile"] == 0, off
+    # every patched weight the graphs were bound to is freed once ComfyUI unpatches it
+    assert first["lora_patched_bound"] >= first["lora_patched_keys"] and first["lora_patched_kept"] == 0, first
 
 
 def test_a_block_patched_on_the_fly_runs_eager_alone(runs32):
