@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..comfy_pack import comfy_with_pack
-from . import gpu_memory
+from . import gpu_memory, step_profile
 
 REPOSITORY = Path(__file__).resolve().parents[3]
 BLOCKING_BUILD = "before the first image"  # the node's build choice that compiles before the first image
@@ -209,6 +209,14 @@ def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, ste
         # where each compile's time went, as the device check reports its builds (phases.py, build_profile.py)
         row["compile_phases"] = [{**(e.detail.get("phase_s") or {}), "main_thread": e.detail.get("main_thread", [])}
                                  for e in events if e.kind == "compile"]
+        if cuda and mode == "full":
+            # where each one's step time goes: the kernels' time against the wall time, a profiled sample each
+            # (step_profile.py; the fourth H200 run: Flux's blocks 0.94x eager here, 1.26x in the device check)
+            row["step_profile"] = {
+                who: step_profile.profile(lambda m=m: F.sample(family, inputs["positive"], inputs["negative"],
+                                                               inputs["latent"], steps=steps, seed=3, model=m),
+                                          steps, cuda)
+                for who, m in (("ours", fast), ("eager", family.patcher))}
         if mode == "partial":
             # eager again, after ours and loaded afresh: whether eager's own step time depends on what ran before
             # (the fourth H200 run: SD1.5's ours ran eager, by design, at 127.97 ms a step against eager's 69.73)
