@@ -87,11 +87,17 @@ def test_one_call_checks_the_module_once(monkeypatch):
     assert len(checks) == 2  # outside a call: checked each time
 
 
-def test_a_compiled_model_serves_its_new_weights_after_each_kind_of_change():
+def compiled_model():
+    """(the small model compiled for batches 1-4, an uncompiled twin with the same weights, the registry)."""
     model = _model()
     twin = copy.deepcopy(model)
     registry = GraphRegistry()
     compile_module(model, CompileOptions(shape_range=ShapeRange(batch=(1, 4))), registry)
+    return model, twin, registry
+
+
+def test_a_compiled_model_serves_its_new_weights_after_each_kind_of_change():
+    model, twin, registry = compiled_model()
     x = torch.randn(3, 8)
     with torch.no_grad():
         assert torch.allclose(model(x), twin(x), atol=1e-5)

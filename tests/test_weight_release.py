@@ -4,24 +4,14 @@ holds what it was called with is caught."""
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
-from compiler import CompileOptions, GraphRegistry, ShapeRange, compile_module
 from compiler.testing.bench import weight_release
-
-
-def _model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+from tests.test_module_snapshot import _model, compiled_model
 
 
 def test_a_compiled_model_keeps_no_replaced_weight_and_compiles_nothing():
-    model = _model()
-    twin = copy.deepcopy(model)
-    registry = GraphRegistry()
-    compile_module(model, CompileOptions(shape_range=ShapeRange(batch=(1, 4))), registry)
+    model, twin, registry = compiled_model()
     x = torch.randn(2, 8)
     outputs = []
 
