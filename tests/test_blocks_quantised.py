@@ -20,6 +20,7 @@ import gc
 
 import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from compiler.blocks.binding import InstanceWeights, SharedRunner
 from compiler.blocks.export import export_block, trace_block
@@ -150,16 +151,16 @@ def test_subclass_weights_bind_by_their_parts_and_per_call_tensors_beside_them()
             got = runner.run(weights, [x], _call(x).rebuild)
             assert float((got - eager(other, x, stored.delta)).abs().max()) < TOLERANCE
             assert "m.delta" not in weights.tensors and not weights.transient  # released after the call
-            delta = stored.delta.untyped_storage()._weak_ref()
+            delta = StorageWeakRef(stored.delta.untyped_storage())
             stored.delta = None
             gc.collect()
             # and freed: torch's user-managed constants kept each one for good (the H200's partly loaded Flux
             # kept the weights moved in for every step; backends/borrowed_weights.py)
-            assert torch.UntypedStorage._expired(delta)
+            assert delta.expired()
         # one part replaced on its own (a new scale of an fp8 weight): bound again, the old part not kept
-        part = other.linear.weight.b.untyped_storage()._weak_ref()
+        part = StorageWeakRef(other.linear.weight.b.untyped_storage())
         other.linear.weight.b = other.linear.weight.b * 2.0
         got = runner.run(weights, [x], _call(x).rebuild)
         assert float((got - eager(other, x, 0)).abs().max()) < TOLERANCE
         gc.collect()
-        assert torch.UntypedStorage._expired(part)
+        assert part.expired()

@@ -10,6 +10,7 @@ import gc
 import weakref
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from compiler import CompileOptions, GraphRegistry, ShapeRange, compile_module
 from compiler import module_snapshot
@@ -101,7 +102,7 @@ def test_a_compiled_model_serves_its_new_weights_after_each_kind_of_change():
     x = torch.randn(3, 8)
     with torch.no_grad():
         assert torch.allclose(model(x), twin(x), atol=1e-5)
-        bound = model[0].weight.untyped_storage()._weak_ref()  # bound to the graph by the first call
+        bound = StorageWeakRef(model[0].weight.untyped_storage())  # bound to the graph by the first call
         new = torch.randn(16, 8)
         model[0].weight = torch.nn.Parameter(new.clone())  # replaced
         twin[0].weight = torch.nn.Parameter(new.clone())
@@ -109,14 +110,14 @@ def test_a_compiled_model_serves_its_new_weights_after_each_kind_of_change():
         gc.collect()
         # the runner holds no replaced weight: torch's user-managed constants kept every one for good (ComfyUI's
         # LoRA patching replaces Parameters; backends/borrowed_weights.py)
-        assert torch.UntypedStorage._expired(bound)
+        assert bound.expired()
         for _ in range(3):  # patched and unpatched again: each weight let go is freed
-            bound = model[0].weight.untyped_storage()._weak_ref()
+            bound = StorageWeakRef(model[0].weight.untyped_storage())
             model[0].weight = torch.nn.Parameter(torch.randn(16, 8))
             twin[0].weight = torch.nn.Parameter(model[0].weight.detach().clone())
             assert torch.allclose(model(x), twin(x), atol=1e-5)
             gc.collect()
-            assert torch.UntypedStorage._expired(bound)
+            assert bound.expired()
         data = torch.randn(4, 16)
         model[2].weight.data = data.clone()  # new storage under the same Parameter
         twin[2].weight.data = data.clone()

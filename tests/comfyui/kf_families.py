@@ -34,6 +34,7 @@ def main(pack: str, base: str, family_name: str, phase: str, dtype: str = "float
     name, nodes = comfy_with_pack(pack, base)
     import comfy.utils
     import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
 
     runtime = sys.modules[name + ".nodes.runtime"]
     blocks = sys.modules[name + ".nodes.blocks"]
@@ -105,7 +106,7 @@ def main(pack: str, base: str, family_name: str, phase: str, dtype: str = "float
             got = sample(patched_fast, *SWEEP[0])
             # the patched weights the graphs were bound to: freed once ComfyUI unpatches (torch's user-managed
             # constants kept them for good; compiler/backends/borrowed_weights.py)
-            bound_patched.extend(comfy.utils.get_attr(fast.model, k).untyped_storage()._weak_ref() for k in keys)
+            bound_patched.extend(StorageWeakRef(comfy.utils.get_attr(fast.model, k).untyped_storage()) for k in keys)
             want = sample(patched_ref, *SWEEP[0])
             lora.append({"strength": strength, "diff": float((got - want).abs().max()),
                          "changed": float((got - plain).abs().max()), "events": delta(before)})
@@ -117,7 +118,7 @@ def main(pack: str, base: str, family_name: str, phase: str, dtype: str = "float
         out["lora_patched_keys"] = len(keys)
         gc.collect()
         out["lora_patched_bound"] = len(bound_patched)
-        out["lora_patched_kept"] = sum(1 for ref in bound_patched if not torch.UntypedStorage._expired(ref))
+        out["lora_patched_kept"] = sum(1 for ref in bound_patched if not ref.expired())
 
         # One block whose weights ComfyUI patches per call (low-VRAM mode): that block eager, the rest compiled.
         path, module = engine.groups[-1].instances[0]

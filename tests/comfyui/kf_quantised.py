@@ -178,6 +178,7 @@ def low_vram(nodes, runtime, blocks, G, F, family_name: str, out: dict) -> dict:
     import comfy.model_management as mm
     import comfy.sd
     import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
 
     from compiler.blocks.tokens import Dims
 
@@ -195,7 +196,7 @@ def low_vram(nodes, runtime, blocks, G, F, family_name: str, out: dict) -> dict:
     def watched(self, module, device=None):
         found = call_tensors(self, module, device)
         for tensor in (found[0].values() if found else ()):
-            made_for_a_call.append(tensor.untyped_storage()._weak_ref())
+            made_for_a_call.append(StorageWeakRef(tensor.untyped_storage()))
         return found
 
     lowvram.LowVramWeights.call_tensors = watched
@@ -238,7 +239,7 @@ def low_vram(nodes, runtime, blocks, G, F, family_name: str, out: dict) -> dict:
     out["changed_by_lora"] = float((first_want - plain).abs().max())
     gc.collect()
     out["per_call_tensors"] = len(made_for_a_call)
-    out["per_call_tensors_kept"] = sum(1 for ref in made_for_a_call if not torch.UntypedStorage._expired(ref))
+    out["per_call_tensors_kept"] = sum(1 for ref in made_for_a_call if not ref.expired())
     out["lowvram"] = rows
     out["counts"] = counts()
     return out

@@ -23,6 +23,7 @@ def measure(module: Any, call: Callable[[], Any], rounds: int = ROUNDS,
     count; none expected, the weights keep their shapes), and on CUDA the MB allocated before the first
     replacement and after the last call (the same weights in place: equal when nothing was kept)."""
     import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
 
     named = [(sub, name) for sub in module.modules() for name, p in sub._parameters.items() if p is not None]
     originals = [sub._parameters[name] for sub, name in named]
@@ -35,14 +36,14 @@ def measure(module: Any, call: Callable[[], Any], rounds: int = ROUNDS,
 
     before = allocated() if cuda else None
     compiled = compiles() if compiles else 0
-    replaced: List[int] = []
+    replaced: List[Any] = []  # weak references to the copies' storages
     try:
         with torch.no_grad():
             for _ in range(rounds):
                 for sub, name in named:
                     sub._parameters[name] = torch.nn.Parameter(sub._parameters[name].detach().clone(),
                                                                requires_grad=False)
-                    replaced.append(sub._parameters[name].untyped_storage()._weak_ref())  # nothing else held here
+                    replaced.append(StorageWeakRef(sub._parameters[name].untyped_storage()))  # nothing else held here
                 call()
     finally:
         for (sub, name), original in zip(named, originals):
@@ -50,7 +51,7 @@ def measure(module: Any, call: Callable[[], Any], rounds: int = ROUNDS,
     with torch.no_grad():
         call()  # the originals bound again: the last copies are let go here
     gc.collect()
-    kept = sum(1 for ref in replaced if not torch.UntypedStorage._expired(ref))
+    kept = sum(1 for ref in replaced if not ref.expired())
     result: Dict[str, Any] = {"rounds": rounds, "weights": len(named), "replaced": len(replaced), "kept": kept}
     if compiles:
         result["compiles"] = compiles() - compiled
