@@ -99,8 +99,9 @@ def run_job(job: Dict[str, Any], work: Path, env: Dict[str, str], timeout: float
         result = json.loads(result_path.read_text())
     else:
         why = f"timed out after {timeout:.0f} s" if code is None else f"exited with {code}"
-        if code is None and waited() >= 1.0:  # stopped by the budget while it waited for other jobs' compiles
-            why += f" of its own time, {waited():.0f} s more waiting for its turn to compile"
+        turn_wait_s = waited() if code is None else 0.0
+        if turn_wait_s >= 1.0:  # stopped by the budget while it waited for other jobs' compiles
+            why += f" of its own time, {turn_wait_s:.0f} s more waiting for its turn to compile"
         if step:  # the error's first line (the report's row) says where it was, not a line of its stacks
             why += f", its last step: {' '.join(step.split())}"
         result = json.loads(partial.read_text()) if partial.exists() else {"variant": job["variant"],

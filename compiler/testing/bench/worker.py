@@ -311,7 +311,7 @@ def run_job(job: Dict[str, Any], checkpoint: Callable[[Dict[str, Any]], None] = 
         result["vs_eager"] = _differences(compiled_fn, eager_fn, inputs, _spread(shapes_run, 4))
     if variant.startswith("ours_aot") and model.steady_shapes:  # the pack's own work around its graph's run
         result["call_overhead"] = call_overhead.measure(timed, compiled_fn, model.steady_shapes[0])
-    if variant.startswith(("ours_aot", "ours_blocks")) and variant != "ours_aot_fresh" and model.steady_shapes:
+    if variant.startswith(("ours_aot", "ours_blocks")) and model.steady_shapes:
         # weights replaced and put back, as LoRA patching does: whether the graphs keep the ones let go
         shape = model.steady_shapes[0]
         result["weight_release"] = weight_release.measure(module, lambda: timed(compiled_fn, shape), compiles=count)
