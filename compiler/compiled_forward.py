@@ -26,7 +26,7 @@ import torch
 
 from . import build_cores
 from .backends import DEFAULT_BACKEND, CompiledGraph, serving_backend
-from .backends.base import CannotServe, GraphMismatch, Progress
+from .backends.base import CannotServe, GraphMismatch, Progress, call_device
 from .backends.cuda_graphs import asked_for as cuda_graphs_asked_for
 from .binding import CallBinder, CallDoesNotBind
 from .boundary import Failure, contain, stage
@@ -36,7 +36,8 @@ from .input_casts import CastGraph
 from .keys import FamilyKey
 from .library import GraphLibrary
 from .module_snapshot import one_check_per_call, snapshot_of
-from .registry import FALLBACK, MISMATCH, GraphRegistry, default_registry
+from .registry import FALLBACK, MISMATCH, NOTE, GraphRegistry, default_registry
+from .replay_notes import ReplayNotes
 from .samples import CannotJoin, join_samples, samples_of
 from .shapes import DEFAULT_RANGE, ShapeRange
 from .signature import FlatCall, RolePolicy, UnsupportedCall
@@ -123,6 +124,7 @@ class CompiledForward:
         self.last: Optional[Served] = None
         self.eager_calls = 0
         self.graph_calls = 0
+        self._replay_notes = ReplayNotes()
 
     @property
     def library(self) -> GraphLibrary:
@@ -285,6 +287,9 @@ class CompiledForward:
                 continue
             except CannotServe as cannot:  # expected by the backend: eager, with its reason
                 return None, f"graph {graph.key.id} cannot serve this call: {cannot}", None
+            if self.options.cuda_graphs:  # a graph that runs without replays says why, once
+                self._replay_notes.after_run(graph, call_device(call.tensors).type, self.label,
+                                             lambda text: self.registry.record(NOTE, family, text))
             return Served(output, graph.key.id, graph.origin), None, copies
         return None, why, None
 

@@ -64,14 +64,22 @@ def _validate_backend(backend: str) -> bool | str:
     return f"unknown backend {backend!r}; choose one of {', '.join(runtime.backend_choices())}"
 
 
+def _cuda_graphs_input():
+    # optional: API-format prompts written before this input existed leave it out (off, as before)
+    return io.Boolean.Input("cuda_graphs", default=False, optional=True,
+                            tooltip="Replay each step as a CUDA graph once a size repeats (NVIDIA GPUs; whole-model "
+                                    "graphs: SD1.5, SDXL): fewer kernel launches a step, at the cost of the memory "
+                                    "of up to two captured sizes. Transformers served by blocks ignore it.")
+
+
 def _settings(min_resolution, max_resolution, max_batch_size, compile, backend, autosave=False,
-              verify=True, build=BUILD_BACKGROUND) -> Settings:
+              verify=True, build=BUILD_BACKGROUND, cuda_graphs=False) -> Settings:
     if build not in (BUILD_BACKGROUND, BUILD_BEFORE):
         raise ValueError(f"build must be {BUILD_BACKGROUND!r} or {BUILD_BEFORE!r}, not {build!r}")
     low, high = sorted((int(min_resolution), int(max_resolution)))
     return Settings(min_size=low, max_size=high, max_batch=int(max_batch_size), compile_on_miss=bool(compile),
                     autosave=bool(autosave), backend=str(backend), verify=bool(verify),
-                    background=build == BUILD_BACKGROUND)
+                    background=build == BUILD_BACKGROUND, cuda_graphs=bool(cuda_graphs))
 
 
 def _ui(text: str) -> dict:
@@ -114,6 +122,7 @@ class KeepFastModelSpeedup(io.ComfyNode):
                                      "ignore it."),
                 _verify_input(),
                 _build_input(),
+                _cuda_graphs_input(),
             ],
             outputs=[io.Model.Output()],
         )
@@ -124,11 +133,12 @@ class KeepFastModelSpeedup(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, min_resolution, max_resolution, max_batch_size, compile, save_compiled,
-                backend=DEFAULT_BACKEND, max_frames=81, verify=True, build=BUILD_BACKGROUND) -> io.NodeOutput:
+                backend=DEFAULT_BACKEND, max_frames=81, verify=True, build=BUILD_BACKGROUND,
+                cuda_graphs=False) -> io.NodeOutput:
         runtime.setup()
         report = Report("KeepFast Model Speedup")
         settings = _settings(min_resolution, max_resolution, max_batch_size, compile, backend, save_compiled,
-                             verify, build)
+                             verify, build, cuda_graphs)
         out, _ = operations.model_speedup(model, dataclasses.replace(settings, max_frames=int(max_frames)), report)
         return io.NodeOutput(out, ui=_ui(report.text()))
 

@@ -74,6 +74,8 @@ def model_speedup(model, settings: Settings, report: Report):
                    "serves from the step after it is ready (docs/background.md)")
     if engine is not None:
         report.add(_blocks_summary(engine, settings))
+        if settings.cuda_graphs:
+            report.add("CUDA graph replays are for whole-model graphs: blocks run compiled without them")
         report.add(_stored_blocks(engine))
         if not settings.compile_on_miss:
             report.add("compiling is off: blocks no stored graph serves run uncompiled")
@@ -86,6 +88,9 @@ def model_speedup(model, settings: Settings, report: Report):
     report.add(_stored_summary(forward))
     if not settings.compile_on_miss:
         report.add("compiling is off: calls no stored graph serves run uncompiled")
+    if forward.options.cuda_graphs:
+        report.add("CUDA graph replays: each size is captured on its second step and replayed after it (on an "
+                   "NVIDIA GPU; where a graph cannot replay, the log says why)")
     return faster, runner
 
 

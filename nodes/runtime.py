@@ -20,7 +20,7 @@ from ..compiler import (DEFAULT_BACKEND, GraphRegistry, TrustList, backend_names
                         unavailable_reason)
 from ..compiler.backends import package_builds
 from ..compiler.manifest import MANIFEST_SUFFIX
-from ..compiler.registry import COMPILE, EVICT, FALLBACK, LOAD, MISMATCH, PROGRESS, REFUSED, Event
+from ..compiler.registry import COMPILE, EVICT, FALLBACK, LOAD, MISMATCH, NOTE, PROGRESS, REFUSED, Event
 from ..compiler.store import MultiRootStore
 from ..compiler.time_share import TimeShare
 
@@ -209,7 +209,7 @@ def _on_event(event: Event) -> None:
         log.info("[KeepFast] %s (%.2f s)", event.reason, event.seconds)
     elif event.kind in (REFUSED, EVICT):
         log.warning("[KeepFast] %s: %s", event.kind, event.reason)
-    elif event.kind == FALLBACK:
+    elif event.kind in (FALLBACK, NOTE):
         log.info("[KeepFast] %s", event.reason)
     send(EVENT_NAME, event.to_json())
 

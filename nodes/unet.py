@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..compiler import DEFAULT_BACKEND, CompiledForward, CompileOptions
+from ..compiler.backends.cuda_graphs import asked_for as cuda_graphs_asked_for
 from ..compiler.backends.base import portable_forward
 from ..compiler.binding import CallBinder
 from ..compiler.blocks import BlockEngine, BlockOptions
@@ -58,6 +59,7 @@ class Settings:
     max_frames: int = 81  # video frames (video families turn them into latent frames)
     verify: bool = True  # the first-use check: each graph's first call with new shapes compared with eager
     background: bool = False  # graphs build in a child process while the model runs uncompiled (docs/background.md)
+    cuda_graphs: bool = False  # whole-model graphs replay CUDA graphs of the shapes a sampler repeats (cuda_graphs.py)
 
     def unet_range(self):
         return latent_range(self.min_size, self.max_size, self.max_batch)
@@ -126,7 +128,7 @@ class UnetRunner:
             backend=s.backend, shape_range=s.unet_range(), compile_on_miss=s.compile_on_miss,
             store=runtime.store(), autosave=s.autosave, cover_range=s.cover_range, counter="unet",
             device=str(self.load_device) if self.load_device is not None else None, verify=s.verify,
-            background=s.background,
+            background=s.background, cuda_graphs=s.cuda_graphs or cuda_graphs_asked_for(),
         )
 
     def forward_for(self, module: torch.nn.Module) -> CompiledForward:

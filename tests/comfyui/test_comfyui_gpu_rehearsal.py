@@ -36,3 +36,11 @@ def test_the_gpu_run_rehearsed_on_the_cpu_serves_graphs_equal_to_eager(tmp_path)
         assert full["first_max_abs_diff"] <= 1e-3 * max(1.0, full["scale"]), full
         assert full["eager_step_ms"] > 0 and full["ours_step_ms"] > 0
         assert "partly on a GPU only" in rows[(model, "partial")]["skipped"]
+    # SD1.5 again through a second node with CUDA graph replays asked for: its graph from memory (no compile),
+    # equal to eager, and on the CPU a note (not a fallback) that replays need CUDA; Flux's blocks have none
+    replayed = rows[("sd15", "full")]["cuda_graphs"]
+    assert replayed["events"]["compile"] == 0 and replayed["events"]["fallback"] == 0, replayed
+    assert replayed["max_abs_diff"] <= 1e-3 * max(1.0, rows[("sd15", "full")]["scale"]), replayed
+    assert replayed["step_ms"] > 0 and replayed["events"]["note"] == 1, replayed
+    assert "runs on cpu" in replayed["notes"][0], replayed
+    assert "cuda_graphs" not in rows[("flux", "full")]

@@ -10,7 +10,8 @@ Run in ComfyUI's Python (COMFYUI_PATH set), one process:
 Writes DIR/comfy_gpu.json, a row per model and mode (full, partial): eager's and ours' per-step milliseconds (the
 median of a second, timed sample), the first sample's seconds with the compile, the largest difference of the
 final latent from eager's (and its scale), compiles, loads and fallbacks with their reasons, graph and eager calls,
-and under partial loading the layers ComfyUI left in CPU memory. `--tiny` (the tests' tiny configs) and
+and under partial loading the layers ComfyUI left in CPU memory. SD1.5's whole row also has `cuda_graphs`: the
+same sampled through the node with CUDA graph replays on. `--tiny` (the tests' tiny configs) and
 `--device cpu` rehearse it on a CPU, where ComfyUI never loads a model partly (that row says so).
 """
 
@@ -38,6 +39,7 @@ SIZES = {"sd15": (512, 512, 2, 77, 256, 1024), "flux": (1024, 1024, 1, 256, 512,
 TINY_SIZES = {"sd15": (64, 64, 2, 77, 64, 64), "flux": (128, 128, 1, 32, 64, 256)}
 DTYPES = {"sd15": "float16", "flux": "bfloat16"}
 PARTIAL_SHARE = 0.5  # the share of the model's weights the reserved VRAM leaves room for
+WHOLE_MODELS = ("sd15",)  # served by one whole-model graph, so CUDA graph replays apply (blocks have none)
 
 
 class _StepTimer:
@@ -123,6 +125,37 @@ def _free_mb(mm) -> int:
     return round(mm.get_free_memory(mm.get_torch_device()) / 2 ** 20)
 
 
+def _replayed(F, family, nodes: dict, registry, inputs: dict, steps: int, cuda: bool, want, eager_ms,
+              node_inputs: dict) -> Dict[str, Any]:
+    """The whole model sampled again through a second Model Speedup with CUDA graph replays on (its graph from
+    this process's registry: no compile): the step time against eager's and ours' without replays, the difference
+    from eager's final latent, the replays' captures and reasons (the fifth H200 run: ComfyUI's SD1.5 step took
+    25.25 ms of wall time for 15.33 ms of kernels, 929 launches; replays in the device check 11.73 ms against 13.02)."""
+    import torch
+
+    from ...registry import NOTE
+
+    mark, counts = len(registry.events), dict(registry.log.counts)
+    with torch.inference_mode():
+        replaying = nodes["KeepFastModelSpeedup"].execute(model=family.patcher, **node_inputs,
+                                                          cuda_graphs=True).args[0]
+    memory = {"loaded_mb_after_first": {}, "peak_mb": {}, "allocated_mb_by_step": {}}
+    _, first_s, got, ms = _two_samples(F, family, replaying, inputs, steps, cuda, memory, "ours_cg")
+    events = registry.events[mark:]
+    result = {"step_ms": ms, "first_sample_s": first_s, "speedup": round(eager_ms / ms, 3) if eager_ms and ms else None,
+              "max_abs_diff": float((got.float() - want.float()).abs().max()), "finite": bool(torch.isfinite(got).all()),
+              "events": {k: registry.log.counts.get(k, 0) - counts.get(k, 0) for k in
+                         ("compile", "load", "fallback", "mismatch", NOTE)},
+              "notes": [e.reason[:400] for e in events if e.kind in (NOTE, "fallback", "mismatch")][:8],
+              "replays": {g.key.id: g.replay_state() for g in registry.graphs() if hasattr(g, "replay_state")},
+              "peak_mb": memory["peak_mb"].get("ours_cg")}
+    if cuda:
+        result["step_profile"] = step_profile.profile(
+            lambda: F.sample(family, inputs["positive"], inputs["negative"], inputs["latent"], steps=steps, seed=3,
+                             model=replaying), steps, cuda)
+    return result
+
+
 def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, steps: int) -> List[Dict[str, Any]]:
     """The model sampled eager and through the node, whole on the device, then partly loaded."""
     import torch
@@ -145,9 +178,10 @@ def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, ste
     built_s = round(time.perf_counter() - started, 1)
     diffusion_model = family.patcher.model.diffusion_model
     weights_mb = sum(p.numel() * p.element_size() for p in diffusion_model.parameters()) / 2 ** 20
+    node_inputs = dict(min_resolution=low, max_resolution=high, max_batch_size=batch, compile=True,
+                       save_compiled=False, backend="aot", build=BLOCKING_BUILD)
     with torch.inference_mode():
-        fast = nodes["KeepFastModelSpeedup"].execute(
-            model=family.patcher, min_resolution=low, max_resolution=high, max_batch_size=batch, compile=True, save_compiled=False, backend="aot", build=BLOCKING_BUILD).args[0]
+        fast = nodes["KeepFastModelSpeedup"].execute(model=family.patcher, **node_inputs).args[0]
     rows, reserved = [], mm.EXTRA_RESERVED_VRAM
     for mode in ("full", "partial"):
         row: Dict[str, Any] = {"model": name, "mode": mode, "device": device, "dtype": str(dtype),
@@ -217,6 +251,9 @@ def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, ste
                                                                inputs["latent"], steps=steps, seed=3, model=m),
                                           steps, cuda)
                 for who, m in (("ours", fast), ("eager", family.patcher))}
+        if mode == "full" and name in WHOLE_MODELS:
+            row["cuda_graphs"] = _replayed(F, family, nodes, registry, inputs, steps, cuda, want, eager_ms,
+                                           node_inputs)
         if mode == "partial":
             # eager again, after ours and loaded afresh: whether eager's own step time depends on what ran before
             # (the fourth H200 run: SD1.5's ours ran eager, by design, at 127.97 ms a step against eager's 69.73)
