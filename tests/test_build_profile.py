@@ -73,6 +73,7 @@ def test_parts_add_their_cpu_and_keep_the_slowest_part_s_samples():
     usage = aot._parts_usage(usages)
     assert usage["phase_s"]["compile_cpu_s"] == 220.0 and usage["phase_s"]["compile_cores_busy"] == 4.7
     assert usage["phase_s"]["inductor_s"] == 55.0 and usage["main_thread"] == [["b.g", 0.7]]
+    assert [p["inductor_s"] for p in usage["parts_phase_s"]] == [40.0, 55.0]  # each part's own, in order
 
 
 def test_the_report_puts_the_call_s_cpu_beside_the_build_s_and_lists_the_samples():
@@ -135,6 +136,8 @@ def test_triton_kernels_and_their_configurations_are_counted_by_kind():
     assert figures["triton_kernels_pointwise"] == 2.0 and figures["triton_configs_pointwise"] == 7.0, figures
     assert figures["triton_configs_reduction"] == 4.0 and figures["triton_configs_persistent"] == 1.0, figures
     assert figures["triton_configs_unknown"] == 1.0 and figures["triton_build_s"] == 4.05, figures
+    # per configuration, over the kernels whose configurations are known: 0.1, 0.333, 0.375, 0.4
+    assert figures["kernel_build_per_config_median_s"] == 0.354 and figures["kernel_build_slowest_s"] == 2.0, figures
     with build_profile.CompileProfile(every_s=0.05) as none_built:
         pass
     assert not any(key.startswith("triton_") for key in none_built.phases())  # a CPU compile: no such rows
@@ -150,5 +153,7 @@ def test_parts_add_their_triton_counts_and_the_call_profile_brings_torch_compile
     merged = phases.with_call_profile({"codegen_s": 27.7}, {"compile_cpu_s": 200.0, "triton_kernels": 378.0,
                                                             "triton_configs": 420.0})
     assert merged["triton_kernels"] == 378.0 and merged["triton_configs"] == 420.0, merged
+    carried = phases.with_call_profile({}, {"kernel_build_per_config_median_s": 0.18, "kernel_build_slowest_s": 2.5})
+    assert carried == {"kernel_build_per_config_median_s": 0.18, "kernel_build_slowest_s": 2.5}
     kept = phases.with_call_profile({"triton_kernels": 368.0}, {"triton_kernels": 0.0})
     assert kept["triton_kernels"] == 368.0  # the builds' own count wins over the caller's process's

@@ -536,6 +536,9 @@ def _parts_usage(usages: List[dict]) -> dict:
             summed = name in _SUMMED_OVER_PARTS or name.startswith(_SUMMED_PREFIX)
             phases[name] = round(phases.get(name, 0.0) + value, 2) if summed else max(phases.get(name, 0.0), value)
     out["phase_s"] = {**phases, "parts": float(len(usages))}
+    # each part's own phases too: whether one part's kernels kept the others waiting (the H200's SD1.5, fifth
+    # session: 62.8 s waiting for Triton's builds with 3 parts of 5 workers each, each part's share not recorded)
+    out["parts_phase_s"] = [dict(u.get("phase_s", {})) for u in usages]
     slowest = max(usages, key=lambda u: u.get("phase_s", {}).get("inductor_s", 0.0), default={})
     if slowest.get("main_thread"):
         out["main_thread"] = slowest["main_thread"]

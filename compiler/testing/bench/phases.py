@@ -42,6 +42,9 @@ ROWS = (
     ("triton_configs_reduction", "of which for reductions"),
     ("triton_configs_persistent", "of which for persistent reductions"),
     ("triton_build_s", "seconds of the kernels' builds, added up over the compile workers"),
+    ("kernel_build_per_config_median_s", "a kernel's build seconds per configuration, the median kernel (ours: "
+                                         "the largest part's)"),
+    ("kernel_build_slowest_s", "the slowest kernel's build seconds"),
     ("parts", "parts built side by side (ours)"),
     ("kernels", "kernels generated (a count; ours: every part's)"),
 )
@@ -106,7 +109,8 @@ def with_call_profile(phase_s: Dict[str, float], profile: Optional[dict]) -> Dic
              if key in ("compile_cpu_s", "compile_cores_busy") and value}
     # Triton kernels built in the first call's own process (torch.compile's; ours builds them in build processes,
     # whose counts are already in its phases)
-    extra.update({key: value for key, value in profile.items() if key.startswith("triton_") and key not in phase_s})
+    extra.update({key: value for key, value in profile.items()
+                  if key.startswith(("triton_", "kernel_build_")) and key not in phase_s})
     if profile.get("machine_cores_busy"):
         extra["call_machine_cores_busy"] = profile["machine_cores_busy"]
     return {**phase_s, **extra}
