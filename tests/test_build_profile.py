@@ -136,6 +136,7 @@ def test_triton_kernels_and_their_configurations_are_counted_by_kind():
     assert figures["triton_kernels_pointwise"] == 2.0 and figures["triton_configs_pointwise"] == 7.0, figures
     assert figures["triton_configs_reduction"] == 4.0 and figures["triton_configs_persistent"] == 1.0, figures
     assert figures["triton_configs_unknown"] == 1.0 and figures["triton_build_s"] == 4.05, figures
+    assert figures["triton_build_s_pointwise"] == 2.4 and figures["triton_build_s_reduction"] == 1.5, figures
     # per configuration, over the kernels whose configurations are known: 0.1, 0.333, 0.375, 0.4
     assert figures["kernel_build_per_config_median_s"] == 0.354 and figures["kernel_build_slowest_s"] == 2.0, figures
     with build_profile.CompileProfile(every_s=0.05) as none_built:

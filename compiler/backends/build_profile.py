@@ -174,6 +174,7 @@ class KernelBuilds:
         self.configs: Counter = Counter()
         self.unknown_configs = 0
         self.build_s = 0.0
+        self.build_s_by_kind: Counter = Counter()
         self.per_config_s: List[float] = []  # each kernel's build seconds over its configurations
         self.slowest_s = 0.0
         self._module = None
@@ -216,6 +217,7 @@ class KernelBuilds:
             self.configs[kind] += int(configs)
         seconds = float(info.get("compile_time_us") or 0) / 1e6
         self.build_s += seconds
+        self.build_s_by_kind[kind] += seconds
         self.slowest_s = max(self.slowest_s, seconds)
         if configs:
             self.per_config_s.append(seconds / int(configs))
@@ -230,6 +232,7 @@ class KernelBuilds:
         for kind, count in self.kernels.items():
             out[f"triton_kernels_{kind}"] = float(count)
             out[f"triton_configs_{kind}"] = float(self.configs.get(kind, 0))
+            out[f"triton_build_s_{kind}"] = round(self.build_s_by_kind[kind], 2)
         if self.unknown_configs:
             out["triton_configs_unknown"] = float(self.unknown_configs)
         # Not "triton_"-prefixed: over a graph's parts these are the largest part's, not a sum. A per-configuration

@@ -42,6 +42,9 @@ ROWS = (
     ("triton_configs_reduction", "of which for reductions"),
     ("triton_configs_persistent", "of which for persistent reductions"),
     ("triton_build_s", "seconds of the kernels' builds, added up over the compile workers"),
+    ("triton_build_s_pointwise", "of which pointwise kernels'"),
+    ("triton_build_s_reduction", "of which reductions'"),
+    ("triton_build_s_persistent", "of which persistent reductions'"),
     ("kernel_build_per_config_median_s", "a kernel's build seconds per configuration, the median kernel (ours: "
                                          "the largest part's)"),
     ("kernel_build_slowest_s", "the slowest kernel's build seconds"),
