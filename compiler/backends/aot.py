@@ -50,6 +50,7 @@ from .base import (UNLABELLED, Backend, BuildInProcess, BuildLabel, CompileFaile
 from .cuda_graphs import Replays
 from .borrowed_weights import bind, borrowed_views
 from .flat_runner import FlatRunner
+from .stack_traces import without_stack_traces
 from .export_guards import exported_shapes, guard_texts
 
 log = logging.getLogger("keepfast")
@@ -60,25 +61,6 @@ PACKAGE_CONFIG = {
     "aot_inductor.package_constants_in_so": False,
     "always_keep_tensor_constants": True,
 }
-
-
-@contextlib.contextmanager
-def without_stack_traces():
-    """Trace without recording each node's Python stack (`node.stack_trace`, read by torch's debug output, never
-    by the pack): torch 2.13 and later can skip it (torch.fx.config.do_not_emit_stack_traces); earlier torch
-    records it whatever is set. The export profile of the real-depth SD1.5 UNet (2000 nodes, 2-core CPU, torch
-    2.13) put 1.5 s of its 12.8 s in capturing and symbolising those stacks."""
-    import torch.fx.config as fx_config
-
-    if not hasattr(fx_config, "do_not_emit_stack_traces"):
-        yield
-        return
-    before = fx_config.do_not_emit_stack_traces
-    fx_config.do_not_emit_stack_traces = True
-    try:
-        yield
-    finally:
-        fx_config.do_not_emit_stack_traces = before
 
 
 @contextlib.contextmanager

@@ -31,7 +31,8 @@ import torch
 
 from ..backends import package_builds
 from ..backends.aot import (PACKAGE_CONFIG, AotGraph, Built, _guards_from, build_package, read_built,
-                            refuse_where_the_loader_crashes, with_phases, without_stack_traces)
+                            refuse_where_the_loader_crashes, with_phases)
+from ..backends.stack_traces import without_stack_traces
 from ..quiet import third_party_quiet
 from ..backends.base import BuildLabel, CompileFailed, PackageInfo
 from ..flat_module import FlatForward, dump_out_spec
