@@ -10,4 +10,11 @@ cd "$(dirname "$0")/.."
 [ -f .comfyui-src/comfy/sample.py ] || { echo "no .comfyui-src: run .ci/gpu_wheels.sh --comfy here and carry it" >&2; exit 2; }
 . .ci/gpu_site.sh
 export COMFYUI_PATH="$PWD/.comfyui-src"
+# First, where carried (.kernels from compiler/testing/bench/kernel_sources.py): Triton's build seconds per
+# configuration of the same SD1.5 kernels at 1, 4, 8 and 16 builds at once, and this machine's cores (docs/gpu.md,
+# "The kernel wait"); at most 90 s, and the ComfyUI run goes on whatever it says.
+if [ -f .kernels/sd15_kernels.json ]; then
+  timeout -k 5 90 python3 -m compiler.testing.bench.kernel_builds --sources .kernels/sd15_kernels.json \
+    --out "$OUT/kernel_builds" --budget-s 50 || echo "kernel_builds ended with $?" >&2
+fi
 exec python3 -m compiler.testing.bench.comfy_gpu --out "$OUT/comfy" "$@"
