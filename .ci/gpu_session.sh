@@ -7,6 +7,8 @@
 # probe.json (with PROBE=1), the check's bench.json and bench.md, and logs.tgz (every log).
 #
 #   bash .ci/gpu_session.sh [SECONDS]   (default 560: the whole command's time, under the call's timeout_s)
+#   MODELS=sdxl,vae bash .ci/gpu_session.sh 490   the check of other models (default sd15,flux; the CPU rehearsal
+#   of sdxl,vae in 2 lanes: 428 s here, 2026-11-28)
 #   KEEPFAST_CONV_LAYOUT=channels_last bash .ci/gpu_session.sh   builds our GPU graphs with channels-last
 #   convolutions (docs/gpu.md, "Channels-last convolutions"); bench.json's meta says which ran.
 set -uo pipefail
@@ -27,9 +29,9 @@ fi
 
 BUDGET=$(( $(left) - 25 ))
 if [ "$BUDGET" -ge 120 ]; then
-    echo "device check: sd15 and flux, budget $BUDGET s"
+    echo "device check: ${MODELS:-sd15,flux}, budget $BUDGET s"
     timeout -k 5 $(( BUDGET + 10 )) python3 -m compiler bench --device cuda --check --out "$RESULTS/check" \
-        --models sd15,flux --lanes 2 --budget "$BUDGET" 2>&1 | tail -40
+        --models "${MODELS:-sd15,flux}" --lanes 2 --budget "$BUDGET" 2>&1 | tail -40
 else
     echo "device check not run: $(left) s left"
 fi
