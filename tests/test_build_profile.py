@@ -74,6 +74,9 @@ def test_parts_add_their_cpu_and_keep_the_slowest_part_s_samples():
     assert usage["phase_s"]["compile_cpu_s"] == 220.0 and usage["phase_s"]["compile_cores_busy"] == 4.7
     assert usage["phase_s"]["inductor_s"] == 55.0 and usage["main_thread"] == [["b.g", 0.7]]
     assert [p["inductor_s"] for p in usage["parts_phase_s"]] == [40.0, 55.0]  # each part's own, in order
+    assert "slowest_kernels" not in usage  # none reported: none listed
+    usages[0]["slowest_kernels"], usages[1]["slowest_kernels"] = [["k_a", 9.0, 2], ["k_b", 1.0, 1]], [["k_c", 5.0, 3]]
+    assert aot._parts_usage(usages)["slowest_kernels"] == [["k_a", 9.0, 2], ["k_c", 5.0, 3], ["k_b", 1.0, 1]]
 
 
 def test_the_report_puts_the_call_s_cpu_beside_the_build_s_and_lists_the_samples():
@@ -137,6 +140,7 @@ def test_triton_kernels_and_their_configurations_are_counted_by_kind():
     assert figures["triton_configs_reduction"] == 4.0 and figures["triton_configs_persistent"] == 1.0, figures
     assert figures["triton_configs_unknown"] == 1.0 and figures["triton_build_s"] == 4.05, figures
     assert figures["triton_build_s_pointwise"] == 2.4 and figures["triton_build_s_reduction"] == 1.5, figures
+    assert profile.kernel_builds.slowest(2) == [["triton_poi_fused_add_0", 2.0, 6], ["triton_red_fused_sum_2", 1.5, 4]]
     # per configuration, over the kernels whose configurations are known: 0.1, 0.333, 0.375, 0.4
     assert figures["kernel_build_per_config_median_s"] == 0.354 and figures["kernel_build_slowest_s"] == 2.0, figures
     with build_profile.CompileProfile(every_s=0.05) as none_built:

@@ -49,6 +49,7 @@ from .base import (UNLABELLED, Backend, BuildInProcess, BuildLabel, CompileFaile
                    WeightsElsewhere, call_device, no_progress, weights_elsewhere)
 from .cuda_graphs import Replays
 from .borrowed_weights import bind, borrowed_views
+from .build_profile import SLOWEST_KERNELS
 from .flat_runner import FlatRunner
 from .stack_traces import without_stack_traces
 from .export_guards import exported_shapes, guard_texts
@@ -521,6 +522,9 @@ def _parts_usage(usages: List[dict]) -> dict:
     # each part's own phases too: whether one part's kernels kept the others waiting (the H200's SD1.5, fifth
     # session: 62.8 s waiting for Triton's builds with 3 parts of 5 workers each, each part's share not recorded)
     out["parts_phase_s"] = [dict(u.get("phase_s", {})) for u in usages]
+    slowest = sorted((k for u in usages for k in u.get("slowest_kernels", [])), key=lambda k: -k[1])
+    if slowest:  # the longest kernel builds over every part
+        out["slowest_kernels"] = slowest[:SLOWEST_KERNELS]
     slowest = max(usages, key=lambda u: u.get("phase_s", {}).get("inductor_s", 0.0), default={})
     if slowest.get("main_thread"):
         out["main_thread"] = slowest["main_thread"]

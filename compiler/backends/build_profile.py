@@ -154,6 +154,9 @@ KERNEL_KINDS = (("triton_poi", "pointwise"), ("triton_red", "reduction"), ("trit
                 ("triton_tem", "template"))
 
 
+SLOWEST_KERNELS = 6  # the slowest kernel builds a build reports by name
+
+
 class KernelBuilds:
     """How many Triton kernels this process built or took from its compile workers over a compile (`with` block),
     how many configurations they were built for, and the seconds their builds took, by kind of kernel.
@@ -177,6 +180,7 @@ class KernelBuilds:
         self.build_s_by_kind: Counter = Counter()
         self.per_config_s: List[float] = []  # each kernel's build seconds over its configurations
         self.slowest_s = 0.0
+        self.builds: List[Tuple[float, str, int]] = []  # (seconds, kernel, configurations) of every kernel built
         self._module = None
         self._original = None
 
@@ -221,6 +225,7 @@ class KernelBuilds:
         self.slowest_s = max(self.slowest_s, seconds)
         if configs:
             self.per_config_s.append(seconds / int(configs))
+        self.builds.append((seconds, str(kernel_name), int(configs or 0)))
 
     def phases(self) -> dict:
         """The counts as phases (numbers only): kernels and configurations in all and by kind, build seconds."""
@@ -242,6 +247,11 @@ class KernelBuilds:
             out["kernel_build_per_config_median_s"] = round(statistics.median(self.per_config_s), 3)
         out["kernel_build_slowest_s"] = round(self.slowest_s, 2)
         return out
+
+    def slowest(self, count: int = SLOWEST_KERNELS) -> List[list]:
+        """The kernels whose builds took longest: [[name, seconds, configurations]], slowest first. The H200's
+        SD1.5 build (2026-11-28) spent 332 of its 422 build seconds on persistent reductions, one kernel 80 s."""
+        return [[name, round(seconds, 2), configs] for seconds, name, configs in sorted(self.builds, reverse=True)[:count]]
 
 
 class CompileProfile:

@@ -233,7 +233,7 @@ def _phases(started: float, loaded: float, compiled: float) -> dict:
     return out
 
 
-def _write_usage(folder: str, phases: dict, samples: Optional[list] = None) -> None:
+def _write_usage(folder: str, phases: dict, samples: Optional[list] = None, slowest: Optional[list] = None) -> None:
     """Peak memory of this process and of the largest compiler process it ran (MB), and where the time went
     (`samples`: where the main thread was during the compile, build_profile.py), for the parent's log and the
     bench."""
@@ -244,7 +244,7 @@ def _write_usage(folder: str, phases: dict, samples: Optional[list] = None) -> N
         compilers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         with open(os.path.join(folder, "usage.json"), "w") as handle:
             json.dump({"peak_rss_mb": round(own, 1), "compiler_peak_rss_mb": round(compilers, 1),
-                       "phase_s": phases, "main_thread": samples or []}, handle)
+                       "phase_s": phases, "main_thread": samples or [], "slowest_kernels": slowest or []}, handle)
     except (ImportError, OSError):
         pass
 
@@ -418,11 +418,11 @@ def main(folder: str) -> int:
         with _sibling("build_profile").CompileProfile() as profile, _sibling("stack_traces").without_stack_traces():
             torch._inductor.aoti_compile_and_package(program, package_path=target, inductor_configs=configs)
         phases = {**_phases(started, loaded, time.perf_counter() - BEGUN), **profile.phases()}
-        samples = profile.sampler.top()
-        _write_usage(folder, phases, samples)  # first: a load that kills this process leaves where the time went
+        samples, slowest = profile.sampler.top(), profile.kernel_builds.slowest()
+        _write_usage(folder, phases, samples, slowest)  # first: a load that kills this process leaves where the time went
         checked = _load_first(folder, target, _kind(job["weights"]))
         if checked:
-            _write_usage(folder, {**phases, **checked}, samples)
+            _write_usage(folder, {**phases, **checked}, samples, slowest)
         os.replace(target, os.path.join(folder, "graph.pt2"))  # whole, or not there
         return 0
     except BaseException as error:  # noqa: BLE001 - the parent reads the reason from error.txt

@@ -505,6 +505,9 @@ def _read_usage(folder: Path) -> Dict[str, Any]:
     samples = data.get("main_thread")
     if isinstance(samples, list):  # where the build's main thread was (build_profile.py): [[signature, share]]
         usage["main_thread"] = [list(item) for item in samples if isinstance(item, list) and len(item) == 2]
+    slowest = data.get("slowest_kernels")
+    if isinstance(slowest, list):  # the longest Triton kernel builds: [[name, seconds, configurations]]
+        usage["slowest_kernels"] = [list(item) for item in slowest if isinstance(item, list) and len(item) == 3]
     return usage
 
 

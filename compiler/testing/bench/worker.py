@@ -439,7 +439,7 @@ def _finish(result, variant, count, registry, wrapper, watcher, job, cuda) -> Di
         result["loads_total"] = len(registry.loads)
         result["events"] = [
             {"kind": e.kind, "reason": e.reason[:300], "seconds": round(e.seconds, 3),
-             **{k: e.detail[k] for k in ("phase_s", "parts_phase_s") if k in (e.detail or {})}}
+             **{k: e.detail[k] for k in ("phase_s", "parts_phase_s", "slowest_kernels") if k in (e.detail or {})}}
             for e in registry.events if e.kind in ("compile", "load", "fallback", "refused")
         ]
         result["fallbacks"] = len(registry.fallbacks)
