@@ -463,3 +463,36 @@ def _must_not_run(what):
     def fail(*args, **kwargs):
         raise AssertionError(f"{what} ran for a CUDA program")
     return fail
+
+
+def test_a_gpu_program_with_dynamic_sizes_is_built_without_persistent_reductions(tmp_path, monkeypatch):
+    """compiler/backends/gpu_reductions.py: Inductor's triton.persistent_reductions off for a GPU program whose sizes
+    are dynamic (the H200's SD1.5: persistent reductions took 332 of 422 kernel build seconds, one kernel 80 s);
+    nothing for a static one, a CPU one, or where KEEPFAST_PERSISTENT_REDUCTIONS=1 asks for Inductor's default."""
+    from compiler.backends import gpu_reductions
+    from torch._inductor import config
+
+    assert hasattr(config.triton, "persistent_reductions")  # the setting this torch's Inductor reads
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16)).eval()
+    static = torch.export.export(module, (torch.randn(4, 8),))
+    dynamic = torch.export.export(module, (torch.randn(4, 8),),
+                                  dynamic_shapes=({0: torch.export.Dim("batch", min=2, max=64)},))
+    real = package_builds.weightless
+
+    def on_cuda(ep):
+        light, layout = real(ep)
+        return light, {name: entry[:3] + ["cuda:0"] + entry[4:] for name, entry in layout.items()}
+
+    def configs(ep, folder):
+        folder.mkdir()
+        package_builds._write_job(ep, {}, False, folder)
+        return json.loads((folder / "job.json").read_text())["configs"]
+
+    monkeypatch.delenv(gpu_reductions.ENV, raising=False)
+    assert gpu_reductions.has_dynamic_sizes(dynamic) and not gpu_reductions.has_dynamic_sizes(static)
+    assert "triton.persistent_reductions" not in configs(dynamic, tmp_path / "cpu")  # a CPU program: no Triton
+    monkeypatch.setattr(package_builds, "weightless", on_cuda)
+    assert configs(dynamic, tmp_path / "gpu-dynamic")["triton.persistent_reductions"] is False
+    assert "triton.persistent_reductions" not in configs(static, tmp_path / "gpu-static")
+    monkeypatch.setenv(gpu_reductions.ENV, "1")
+    assert "triton.persistent_reductions" not in configs(dynamic, tmp_path / "gpu-asked-default")

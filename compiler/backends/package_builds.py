@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 import torch
 
 from .. import build_times, extraction, machine_fit
-from . import child_priority, conv_layout, forked_trace, loader_check, spawned_trace
+from . import child_priority, conv_layout, forked_trace, gpu_reductions, loader_check, spawned_trace
 from .base import UNLABELLED, BuildInProcess, BuildLabel, CompileFailed, call_device
 
 REAL_CHILD = Path(__file__).with_name("package_build_child.py")
@@ -646,7 +646,8 @@ def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, f
     built_for = None
     if device != "cpu":
         march, settings = machine_fit.gpu_host_build()
-        job["configs"] = {**configs, **settings, **conv_layout.gpu_settings(ep), **GPU_HOST_ISA}
+        job["configs"] = {**configs, **settings, **conv_layout.gpu_settings(ep), **gpu_reductions.gpu_settings(ep),
+                          **GPU_HOST_ISA}
         built_for = {"march": march, "vec_isa": None, "vec_flags": None}
     elif probe:
         job["probe"] = str(MACHINE_FIT)
