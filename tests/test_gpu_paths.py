@@ -328,6 +328,22 @@ def test_the_job_of_a_cuda_program_asks_for_no_probe(program, tmp_path, monkeypa
     assert needs["device"] == "cuda" and needs["compute_capability"] == "90"
 
 
+def _on_cuda_layout(ep):
+    """package_builds.weightless as for a program whose weights are on cuda:0 (its job then says a GPU program)."""
+    light, layout = _REAL_WEIGHTLESS(ep)
+    return light, {name: entry[:3] + ["cuda:0"] + entry[4:] for name, entry in layout.items()}
+
+
+def _job_configs(ep, folder):
+    """The Inductor settings package_builds._write_job gives the build of `ep`."""
+    folder.mkdir()
+    package_builds._write_job(ep, {}, False, folder)
+    return json.loads((folder / "job.json").read_text())["configs"]
+
+
+_REAL_WEIGHTLESS = package_builds.weightless
+
+
 def test_a_gpu_program_convolves_channels_last_only_where_asked(program, tmp_path, monkeypatch, inductor_march_unset):
     """KEEPFAST_CONV_LAYOUT=channels_last (compiler/backends/conv_layout.py): Inductor's force_layout_optimization
     for a GPU program with 2-D convolutions, nothing for one without or where not asked, nothing for a CPU program."""
@@ -336,17 +352,7 @@ def test_a_gpu_program_convolves_channels_last_only_where_asked(program, tmp_pat
 
     assert hasattr(config, "force_layout_optimization")  # the setting this torch's Inductor reads
     conv = torch.export.export(torch.nn.Conv2d(3, 4, 3), (torch.randn(1, 3, 8, 8),))
-    real = package_builds.weightless
-
-    def on_cuda(ep):
-        light, layout = real(ep)
-        return light, {name: entry[:3] + ["cuda:0"] + entry[4:] for name, entry in layout.items()}
-
-    def configs(ep, folder):
-        folder.mkdir()
-        package_builds._write_job(ep, {}, False, folder)
-        return json.loads((folder / "job.json").read_text())["configs"]
-
+    configs, on_cuda = _job_configs, _on_cuda_layout
     monkeypatch.delenv(conv_layout.ENV, raising=False)
     video = torch.export.export(torch.nn.Conv3d(3, 4, 3), (torch.randn(1, 3, 4, 8, 8),))  # a video VAE's
     assert conv_layout.has_2d_convolution(conv) and not conv_layout.has_2d_convolution(program)
@@ -477,17 +483,7 @@ def test_a_gpu_program_with_dynamic_sizes_is_built_without_persistent_reductions
     static = torch.export.export(module, (torch.randn(4, 8),))
     dynamic = torch.export.export(module, (torch.randn(4, 8),),
                                   dynamic_shapes=({0: torch.export.Dim("batch", min=2, max=64)},))
-    real = package_builds.weightless
-
-    def on_cuda(ep):
-        light, layout = real(ep)
-        return light, {name: entry[:3] + ["cuda:0"] + entry[4:] for name, entry in layout.items()}
-
-    def configs(ep, folder):
-        folder.mkdir()
-        package_builds._write_job(ep, {}, False, folder)
-        return json.loads((folder / "job.json").read_text())["configs"]
-
+    configs, on_cuda = _job_configs, _on_cuda_layout
     monkeypatch.delenv(gpu_reductions.ENV, raising=False)
     assert gpu_reductions.has_dynamic_sizes(dynamic) and not gpu_reductions.has_dynamic_sizes(static)
     assert "triton.persistent_reductions" not in configs(dynamic, tmp_path / "cpu")  # a CPU program: no Triton
