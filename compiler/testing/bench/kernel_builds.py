@@ -6,6 +6,9 @@ the same machine, while one-at-a-time builds of the same kernels on a 2-core CPU
 0.092 s (static). Kernel content explains little; the suspicion is the host: SMT siblings, clock, a cgroup quota.
 This builds the same kernel configurations (kernel_sources.py writes them) at 1, 4, 8 and 16 concurrent worker
 processes, plus the static-size kernels at 1, and records the machine's CPU topology, within a time budget.
+On the H200 (2026-11-28, sixth session) it answered: 0.117 s a configuration at 1, 0.144 s at 16 (1.22x), on 16
+cores with one thread each and no quota. Not the host: the cause was a few persistent reductions of the GPU's own
+kernels, 80 s the slowest (docs/gpu.md, "Sixth H200 session"; compiler/backends/gpu_reductions.py).
 
     python -m compiler.testing.bench.kernel_builds --sources .kernels/sd15_kernels.json --out DIR \
         [--configs 64] [--concurrency 1,4,8,16] [--target cuda:90] [--budget-s 60]
