@@ -522,9 +522,9 @@ def _parts_usage(usages: List[dict]) -> dict:
     # each part's own phases too: whether one part's kernels kept the others waiting (the H200's SD1.5, fifth
     # session: 62.8 s waiting for Triton's builds with 3 parts of 5 workers each, each part's share not recorded)
     out["parts_phase_s"] = [dict(u.get("phase_s", {})) for u in usages]
-    slowest = sorted((k for u in usages for k in u.get("slowest_kernels", [])), key=lambda k: -k[1])
-    if slowest:  # the longest kernel builds over every part
-        out["slowest_kernels"] = slowest[:SLOWEST_KERNELS]
+    kernels = sorted((k for u in usages for k in u.get("slowest_kernels", [])), key=lambda k: -k[1])
+    if kernels:  # the longest kernel builds over every part
+        out["slowest_kernels"] = kernels[:SLOWEST_KERNELS]
     slowest = max(usages, key=lambda u: u.get("phase_s", {}).get("inductor_s", 0.0), default={})
     if slowest.get("main_thread"):
         out["main_thread"] = slowest["main_thread"]

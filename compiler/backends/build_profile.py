@@ -178,9 +178,7 @@ class KernelBuilds:
         self.unknown_configs = 0
         self.build_s = 0.0
         self.build_s_by_kind: Counter = Counter()
-        self.per_config_s: List[float] = []  # each kernel's build seconds over its configurations
-        self.slowest_s = 0.0
-        self.builds: List[Tuple[float, str, int]] = []  # (seconds, kernel, configurations) of every kernel built
+        self.builds: List[Tuple[float, str, int]] = []  # (seconds, kernel, configurations; 0: not said) of each
         self._module = None
         self._original = None
 
@@ -222,9 +220,6 @@ class KernelBuilds:
         seconds = float(info.get("compile_time_us") or 0) / 1e6
         self.build_s += seconds
         self.build_s_by_kind[kind] += seconds
-        self.slowest_s = max(self.slowest_s, seconds)
-        if configs:
-            self.per_config_s.append(seconds / int(configs))
         self.builds.append((seconds, str(kernel_name), int(configs or 0)))
 
     def phases(self) -> dict:
@@ -243,9 +238,10 @@ class KernelBuilds:
         # Not "triton_"-prefixed: over a graph's parts these are the largest part's, not a sum. A per-configuration
         # cost the same in every kernel points at the machine (its workers sharing cores); a few slow kernels at
         # the kernels themselves (the H200's SD1.5: 0.77 s a configuration against torch.compile's 0.18 s).
-        if self.per_config_s:
-            out["kernel_build_per_config_median_s"] = round(statistics.median(self.per_config_s), 3)
-        out["kernel_build_slowest_s"] = round(self.slowest_s, 2)
+        per_config = [seconds / configs for seconds, _, configs in self.builds if configs]
+        if per_config:
+            out["kernel_build_per_config_median_s"] = round(statistics.median(per_config), 3)
+        out["kernel_build_slowest_s"] = round(max(seconds for seconds, _, _ in self.builds), 2)
         return out
 
     def slowest(self, count: int = SLOWEST_KERNELS) -> List[list]:
