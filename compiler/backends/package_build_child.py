@@ -74,10 +74,18 @@ def _sibling(name: str):
     per process (the memory bound and the compile's profile both use build_profile.py)."""
     import importlib.util
 
+    qualified = f"keepfast_{name}"
+    if qualified in sys.modules:
+        return sys.modules[qualified]
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"keepfast_{name}", path)
+    spec = importlib.util.spec_from_file_location(qualified, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[qualified] = module  # registered first, as an import does: a dataclass looks its module up there
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[qualified]
+        raise
     return module
 
 
@@ -211,6 +219,9 @@ PHASES = {
     "kernel_wait": "async_compile.wait",
     "autotune": "CachingAutotuner.benchmark_all_configs",
     "cpp_build": "AotCodeCompiler.compile",  # the C++ wrapper and kernels, compiled and linked
+    # Within the C++ build (torch 2.13 and later time it): making or waiting for the precompiled headers, which a
+    # thread makes from the build's start (precompiled_headers.py; its own seconds: precompiled_header_s)
+    "cpp_header": "aoti_precompile_header",
 }
 
 
@@ -408,16 +419,23 @@ def main(folder: str) -> int:
         if job.get("probe"):
             configs.update(_probe(folder, job["probe"]))
         started = time.perf_counter() - BEGUN
-        program = torch.export.load(os.path.join(folder, "program.pt2"))
-        program._state_dict.update(_weights(job["weights"]))
-        loaded = time.perf_counter() - BEGUN
         target = os.path.join(folder, "graph.partial.pt2")
-        # AOTInductor traces the program again (aot_export_module) before it lowers it: without recording each
-        # node's Python stack where torch can skip it (stack_traces.py: 21.4 s against 27.4-29.5 s for the
-        # real-depth SD1.5 UNet on a 2-core CPU, torch 2.13)
-        with _sibling("build_profile").CompileProfile() as profile, _sibling("stack_traces").without_stack_traces():
-            torch._inductor.aoti_compile_and_package(program, package_path=target, inductor_configs=configs)
-        phases = {**_phases(started, loaded, time.perf_counter() - BEGUN), **profile.phases()}
+        # The build's settings in force from here to its end: the precompiled headers are made on a thread under
+        # them while the program is read, traced and lowered (precompiled_headers.py)
+        with torch._inductor.config.patch(configs):
+            headers = _sibling("precompiled_headers").start(job.get("device", "cpu"))
+            program = torch.export.load(os.path.join(folder, "program.pt2"))
+            _sibling("program_hints").restore_hints(program)  # the example sizes torch's loader leaves out
+            program._state_dict.update(_weights(job["weights"]))
+            loaded = time.perf_counter() - BEGUN
+            # AOTInductor traces the program again (aot_export_module) before it lowers it: without recording each
+            # node's Python stack where torch can skip it (stack_traces.py: 21.4 s against 27.4-29.5 s for the
+            # real-depth SD1.5 UNet on a 2-core CPU, torch 2.13)
+            with _sibling("build_profile").CompileProfile() as profile, \
+                    _sibling("stack_traces").without_stack_traces():
+                torch._inductor.aoti_compile_and_package(program, package_path=target, inductor_configs=configs)
+        phases = {**_phases(started, loaded, time.perf_counter() - BEGUN), **profile.phases(),
+                  **headers.wait(10).report()}  # done: the build waited for the same headers
         samples, slowest = profile.sampler.top(), profile.kernel_builds.slowest()
         _write_usage(folder, phases, samples, slowest)  # first: a load that kills this process leaves where the time went
         checked = _load_first(folder, target, _kind(job["weights"]))

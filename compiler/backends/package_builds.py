@@ -347,9 +347,14 @@ class PackageBuild:
     def _reason(self) -> str:
         error = self.folder / "error.txt"
         if error.is_file():
-            return error.read_text().splitlines()[0] if error.read_text().strip() else "no message"
-        log = self.folder / "output.txt"
-        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
+            text = error.read_text(errors="replace")
+            if text.strip():
+                # the reason is its first line; the build's stack goes to the log, where a report can quote it
+                log.warning("a package build failed; its stack, last lines:\n%s",
+                            "\n".join(text.strip().splitlines()[-40:]))
+            return text.splitlines()[0] if text.strip() else "no message"
+        output = self.folder / "output.txt"
+        tail = output.read_text(errors="replace").strip().splitlines()[-1:] if output.is_file() else []
         code = self.process.returncode
         if code is not None and code < 0:  # a compiler crash (SIGSEGV), the OOM killer or a stack overflow
             try:
