@@ -490,5 +490,7 @@ def test_a_gpu_program_with_dynamic_sizes_is_built_without_persistent_reductions
     monkeypatch.setattr(package_builds, "weightless", on_cuda)
     assert configs(dynamic, tmp_path / "gpu-dynamic")["triton.persistent_reductions"] is False
     assert "triton.persistent_reductions" not in configs(static, tmp_path / "gpu-static")
+    # the same settings where a program is built in this process (aot._build_here: it cannot travel to a child)
+    assert package_builds.gpu_program_settings(dynamic)["triton.persistent_reductions"] is False
     monkeypatch.setenv(gpu_reductions.ENV, "1")
     assert "triton.persistent_reductions" not in configs(dynamic, tmp_path / "gpu-asked-default")

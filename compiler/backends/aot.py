@@ -44,7 +44,7 @@ from ..shapes import SPATIAL, leaf_bounds
 from ..signature import FlatCall
 from ..subclass_weights import unwrap_subclass_weights
 from ..verify import compare
-from . import aot_parts, conv_layout, cxx_linkage, loader_check, package_builds, package_loader, program_split
+from . import aot_parts, cxx_linkage, loader_check, package_builds, package_loader, program_split
 from .base import (UNLABELLED, Backend, BuildInProcess, BuildLabel, CompileFailed, CompiledGraph, PackageInfo, PendingGraph, Progress,
                    WeightsElsewhere, call_device, no_progress, weights_elsewhere)
 from .cuda_graphs import Replays
@@ -536,7 +536,7 @@ def _build_here(ep: "torch.export.ExportedProgram", progress: Progress) -> Built
     gpu = package_builds.program_device(ep) != "cpu"
     march, configs = package_configs(gpu=gpu)
     if gpu:
-        configs.update(conv_layout.gpu_settings(ep))
+        configs.update(package_builds.gpu_program_settings(ep))
     try:
         cxx_linkage.apply(package_builds.cxx_link_folder())
     except cxx_linkage.StaticCxxRuntime as error:

@@ -634,6 +634,12 @@ def gpu_part_builders() -> int:
 GPU_HOST_ISA = {"cpp.vec_isa_ok": False}
 
 
+def gpu_program_settings(ep: "torch.export.ExportedProgram") -> dict:
+    """Inductor's settings for a GPU program's kernels, wherever it is built (a build process, or this process
+    where the program cannot travel): the convolution layout and no persistent reductions over dynamic sizes."""
+    return {**conv_layout.gpu_settings(ep), **gpu_reductions.gpu_settings(ep)}
+
+
 def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, folder: Path,
                beside: int = 1, waited: bool = False) -> None:
     """The build's inputs in its folder: the program without its weights, their layout, the configuration.
@@ -651,8 +657,7 @@ def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, f
     built_for = None
     if device != "cpu":
         march, settings = machine_fit.gpu_host_build()
-        job["configs"] = {**configs, **settings, **conv_layout.gpu_settings(ep), **gpu_reductions.gpu_settings(ep),
-                          **GPU_HOST_ISA}
+        job["configs"] = {**configs, **settings, **gpu_program_settings(ep), **GPU_HOST_ISA}
         built_for = {"march": march, "vec_isa": None, "vec_flags": None}
     elif probe:
         job["probe"] = str(MACHINE_FIT)
