@@ -26,6 +26,8 @@ ROWS = (
     ("autotune_s", "benchmarking kernel configurations (ours on a GPU: in code generation; torch.compile: in its "
                    "first call)"),
     ("cpp_build_s", "C++ build (ours: wrapper and kernels; torch.compile: waiting for kernel builds)"),
+    ("cpp_header_s", "of which making or waiting for the precompiled C++ headers (ours; torch 2.13 and later)"),
+    ("precompiled_header_s", "the build's thread making those headers from its start, beside the rest (ours)"),
     ("compile_cpu_s", "CPU seconds of the build processes and the compilers they ran (ours)"),
     ("compile_cores_busy", "cores the build processes kept busy on average (ours: every part's added)"),
     ("machine_cores_busy", "cores the whole machine kept busy during the build (ours; other jobs included)"),
