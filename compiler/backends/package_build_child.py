@@ -425,7 +425,7 @@ def main(folder: str) -> int:
         with torch._inductor.config.patch(configs):
             headers = _sibling("precompiled_headers").start(job.get("device", "cpu"))
             program = torch.export.load(os.path.join(folder, "program.pt2"))
-            _sibling("program_hints").restore_hints(program)  # the example sizes torch's loader leaves out
+            hinted = _sibling("program_hints").restore_hints(program)  # the example sizes torch's loader drops
             program._state_dict.update(_weights(job["weights"]))
             loaded = time.perf_counter() - BEGUN
             # AOTInductor traces the program again (aot_export_module) before it lowers it: without recording each
@@ -435,7 +435,8 @@ def main(folder: str) -> int:
                     _sibling("stack_traces").without_stack_traces():
                 torch._inductor.aoti_compile_and_package(program, package_path=target, inductor_configs=configs)
         phases = {**_phases(started, loaded, time.perf_counter() - BEGUN), **profile.phases(),
-                  **headers.wait(10).report()}  # done: the build waited for the same headers
+                  **headers.wait(10).report(),  # done: the build waited for the same headers
+                  "hints_restored": float(len(hinted))}
         samples, slowest = profile.sampler.top(), profile.kernel_builds.slowest()
         _write_usage(folder, phases, samples, slowest)  # first: a load that kills this process leaves where the time went
         checked = _load_first(folder, target, _kind(job["weights"]))

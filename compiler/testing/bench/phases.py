@@ -50,6 +50,8 @@ ROWS = (
     ("kernel_build_per_config_median_s", "a kernel's build seconds per configuration, the median kernel (ours: "
                                          "the largest part's)"),
     ("kernel_build_slowest_s", "the slowest kernel's build seconds"),
+    ("hints_restored", "size symbols given back their example after torch's loader dropped it (ours; a count, "
+                       "every part's)"),
     ("parts", "parts built side by side (ours)"),
     ("kernels", "kernels generated (a count; ours: every part's)"),
 )
