@@ -76,3 +76,50 @@ def test_a_build_process_reports_the_seconds_it_spent_on_its_headers(tmp_path):
     figures = build.usage["phase_s"]
     assert "precompiled_header_error" not in figures, figures
     assert figures["precompiled_header_s"] >= 0, figures  # seconds: near 0 where this machine had them made
+
+
+# A header cut short (a build process killed while it was being made), then a build in a new process: AOTInductor's
+# compile fails on it as it is; through compile_with_sound_headers the headers are made again and the build succeeds.
+CUT_SHORT = r"""
+import json, os, sys, tempfile
+sys.path.insert(0, {root!r})
+import torch
+from torch._inductor import codecache, config
+from compiler.backends import aot, precompiled_headers
+program = torch.export.export(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()), (torch.randn(2, 8),))
+configs = dict(aot.PACKAGE_CONFIG)
+compile_once = lambda: torch._inductor.aoti_compile_and_package(
+    program, package_path=os.path.join(tempfile.mkdtemp(), "g.pt2"), inductor_configs=configs)
+gch = lambda: sorted(os.path.join(codecache._HEADER_DIR, n) for n in os.listdir(codecache._HEADER_DIR)
+                     if n.endswith(".gch"))
+with config.patch(configs):
+    if sys.argv[1] == "cut":
+        precompiled_headers.start("cpu").wait()
+        for path in gch():
+            with open(path, "r+b") as handle:
+                handle.truncate(100_000)
+        print(json.dumps({{"cut": [os.path.getsize(p) for p in gch()]}}))
+    else:
+        try:
+            compile_once()
+            plain = "built"
+        except Exception as error:
+            plain = str(error)
+        precompiled_headers.compile_with_sound_headers(compile_once)
+        print(json.dumps({{"plain": plain[-2000:], "sizes": [os.path.getsize(p) for p in gch()]}}))
+"""
+
+
+def test_a_header_cut_short_is_made_again_and_the_build_succeeds(tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    script = CUT_SHORT.format(root=str(ROOT))
+    results = []
+    for step in ("cut", "build"):
+        done = subprocess.run([sys.executable, "-c", script, step], env=env, capture_output=True, text=True,
+                              timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    cut, built = results
+    assert cut["cut"] == [100_000, 100_000], cut  # a CPU program's two headers, both cut short
+    assert any(marker in built["plain"] for marker in precompiled_headers.UNREADABLE), built["plain"]
+    assert len(built["sizes"]) == 2 and min(built["sizes"]) > 1_000_000, built  # made again, whole

@@ -433,7 +433,9 @@ def main(folder: str) -> int:
             # real-depth SD1.5 UNet on a 2-core CPU, torch 2.13)
             with _sibling("build_profile").CompileProfile() as profile, \
                     _sibling("stack_traces").without_stack_traces():
-                torch._inductor.aoti_compile_and_package(program, package_path=target, inductor_configs=configs)
+                _sibling("precompiled_headers").compile_with_sound_headers(
+                    lambda: torch._inductor.aoti_compile_and_package(program, package_path=target,
+                                                                     inductor_configs=configs))
         phases = {**_phases(started, loaded, time.perf_counter() - BEGUN), **profile.phases(),
                   **headers.wait(10).report(),  # done: the build waited for the same headers
                   "hints_restored": float(len(hinted))}

@@ -15,14 +15,30 @@ arguments, which are computed here as AotCodeCompiler computes them for a packag
 (this pack's). A header made here that the build does not ask for is a wasted compile, never a wrong package: the
 header's file name hashes its flags, so a build uses only a header made for its own. Anything that fails here is
 left to the build, which makes its headers as it always did.
+
+A header is written in place by the compiler (`CppBuilder.build`, no temporary name), so a build process killed
+while one is being made (a cancelled build: its process group gets SIGKILL) leaves it cut short, and GCC then
+fails every later build with the same flags on that machine ("while reading precompiled header"; seen here with
+GCC 12 on a header cut to 100 kB). `compile_with_sound_headers` runs a build once more after removing the headers
+when its compile failed so: one build pays for making them again, no build fails for it.
 """
 
 from __future__ import annotations
 
+import glob
+import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, TypeVar
+
+log = logging.getLogger("keepfast")
+T = TypeVar("T")
+
+# What GCC says of a precompiled header it cannot read (a file cut short: GCC 12 "while reading precompiled header"
+# is an error, not the fallback to the header's text that an unusable one gets)
+UNREADABLE = ("while reading precompiled header", "too short to be a PCH file")
 
 
 @dataclass
@@ -102,3 +118,46 @@ def start(device: str) -> HeaderWarmup:
     warmup.thread = threading.Thread(target=build, name="keepfast-precompiled-headers", daemon=True)
     warmup.thread.start()
     return warmup
+
+
+def header_folder() -> Optional[str]:
+    """Where this torch's Inductor keeps its precompiled headers (None where it has no such folder)."""
+    try:
+        from torch._inductor import codecache
+    except ImportError:
+        return None
+    return getattr(codecache, "_HEADER_DIR", None)
+
+
+def discard_headers() -> int:
+    """Remove every precompiled header of this machine's folder (made again by the next build that needs one) and
+    this process's record of them; the number removed. A compile that has one open keeps reading it (Linux)."""
+    folder = header_folder()
+    removed = 0
+    for path in glob.glob(os.path.join(folder, "*.gch")) if folder else []:
+        try:
+            os.unlink(path)
+            removed += 1
+        except OSError:
+            pass
+    try:
+        from torch._inductor import codecache
+
+        codecache._precompile_header.cache_clear()
+    except (ImportError, AttributeError):
+        pass
+    return removed
+
+
+def compile_with_sound_headers(compile_once: Callable[[], T]) -> T:
+    """`compile_once()`, and once more after discarding the precompiled headers where it failed because GCC could
+    not read one (a header cut short by a killed build)."""
+    try:
+        return compile_once()
+    except Exception as error:  # noqa: BLE001 - re-raised unless it names an unreadable header
+        if not any(marker in str(error) for marker in UNREADABLE):
+            raise
+        removed = discard_headers()
+        log.warning("a precompiled C++ header could not be read (cut short by a build that was stopped?): removed "
+                    "%d header(s); compiling again", removed)
+        return compile_once()
