@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from compiler.backends import aot, package_builds, precompiled_headers
@@ -38,12 +39,18 @@ print(json.dumps({{"report": warm.report(), "headers": warm.headers, "made": mad
 """
 
 
-def test_headers_made_early_are_the_ones_the_build_uses(tmp_path):
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", BUILD.format(root=str(ROOT))], env=env, capture_output=True,
-                          text=True, timeout=900)
+@pytest.fixture(scope="module")
+def built_early(tmp_path_factory):
+    """A new temporary folder (so no header is made yet) and what BUILD found there."""
+    folder = tmp_path_factory.mktemp("headers")
+    done = subprocess.run([sys.executable, "-c", BUILD.format(root=str(ROOT))], env={**os.environ, "TMPDIR": str(folder)},
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return folder, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_headers_made_early_are_the_ones_the_build_uses(built_early):
+    _, found = built_early
     assert found["report"].get("precompiled_header_s", 0) > 0, found
     assert len(found["headers"]) == 2 and len(found["made"]) == 2, found  # a CPU program: wrapper and kernels
     assert found["after"] == found["made"], found  # the build made no header of its own
@@ -78,8 +85,9 @@ def test_a_build_process_reports_the_seconds_it_spent_on_its_headers(tmp_path):
     assert figures["precompiled_header_s"] >= 0, figures  # seconds: near 0 where this machine had them made
 
 
-# A header cut short (a build process killed while it was being made), then a build in a new process: AOTInductor's
-# compile fails on it as it is; through compile_with_sound_headers the headers are made again and the build succeeds.
+# The headers BUILD made, cut short (a build process killed while it made them), then a build in a new process:
+# AOTInductor's compile fails on them as they are; through compile_with_sound_headers they are made again and the
+# build succeeds.
 CUT_SHORT = r"""
 import json, os, sys, tempfile
 sys.path.insert(0, {root!r})
@@ -90,36 +98,29 @@ program = torch.export.export(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.n
 configs = dict(aot.PACKAGE_CONFIG)
 compile_once = lambda: torch._inductor.aoti_compile_and_package(
     program, package_path=os.path.join(tempfile.mkdtemp(), "g.pt2"), inductor_configs=configs)
-gch = lambda: sorted(os.path.join(codecache._HEADER_DIR, n) for n in os.listdir(codecache._HEADER_DIR)
-                     if n.endswith(".gch"))
 with config.patch(configs):
-    if sys.argv[1] == "cut":
-        precompiled_headers.start("cpu").wait()
-        for path in gch():
-            with open(path, "r+b") as handle:
-                handle.truncate(100_000)
-        print(json.dumps({{"cut": [os.path.getsize(p) for p in gch()]}}))
-    else:
-        try:
-            compile_once()
-            plain = "built"
-        except Exception as error:
-            plain = str(error)
-        precompiled_headers.compile_with_sound_headers(compile_once)
-        print(json.dumps({{"plain": plain[-2000:], "sizes": [os.path.getsize(p) for p in gch()]}}))
+    try:
+        compile_once()
+        plain = "built"
+    except Exception as error:
+        plain = str(error)
+    precompiled_headers.compile_with_sound_headers(compile_once)
+sizes = [os.path.getsize(os.path.join(codecache._HEADER_DIR, n)) for n in os.listdir(codecache._HEADER_DIR)
+         if n.endswith(".gch")]
+print(json.dumps({{"plain": plain[-2000:], "sizes": sizes}}))
 """
 
 
-def test_a_header_cut_short_is_made_again_and_the_build_succeeds(tmp_path):
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    script = CUT_SHORT.format(root=str(ROOT))
-    results = []
-    for step in ("cut", "build"):
-        done = subprocess.run([sys.executable, "-c", script, step], env=env, capture_output=True, text=True,
-                              timeout=900)
-        assert done.returncode == 0, done.stderr[-3000:]
-        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    cut, built = results
-    assert cut["cut"] == [100_000, 100_000], cut  # a CPU program's two headers, both cut short
+def test_a_header_cut_short_is_made_again_and_the_build_succeeds(built_early):
+    folder, found = built_early
+    headers = [path for name in found["made"] for path in folder.rglob(name)]
+    assert len(headers) == 2, (found, headers)  # a CPU program's two
+    for path in headers:
+        with open(path, "r+b") as handle:
+            handle.truncate(100_000)
+    done = subprocess.run([sys.executable, "-c", CUT_SHORT.format(root=str(ROOT))],
+                          env={**os.environ, "TMPDIR": str(folder)}, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    built = json.loads(done.stdout.strip().splitlines()[-1])
     assert any(marker in built["plain"] for marker in precompiled_headers.UNREADABLE), built["plain"]
     assert len(built["sizes"]) == 2 and min(built["sizes"]) > 1_000_000, built  # made again, whole
