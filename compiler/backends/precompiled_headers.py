@@ -56,10 +56,11 @@ class HeaderWarmup:
             self.thread.join(timeout)
         return self
 
-    def report(self) -> Dict[str, Any]:
-        """What a build's phases record: seconds spent on the thread, or the reason it made none."""
+    def report(self) -> Dict[str, float]:
+        """What a build's phases record (numbers only, as every phase): seconds spent on the thread, or 1 under
+        `precompiled_header_failed` where it made none (the reason is in `error`, which the build logs)."""
         if self.error:
-            return {"precompiled_header_error": self.error}
+            return {"precompiled_header_failed": 1.0}
         return {} if self.seconds is None else {"precompiled_header_s": round(self.seconds, 2)}
 
 
