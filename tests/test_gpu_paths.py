@@ -334,11 +334,16 @@ def _on_cuda_layout(ep):
     return light, {name: entry[:3] + ["cuda:0"] + entry[4:] for name, entry in layout.items()}
 
 
-def _job_configs(ep, folder):
-    """The Inductor settings package_builds._write_job gives the build of `ep`."""
+def _job(ep, folder):
+    """The job package_builds._write_job writes for the build of `ep`."""
     folder.mkdir()
     package_builds._write_job(ep, {}, False, folder)
-    return json.loads((folder / "job.json").read_text())["configs"]
+    return json.loads((folder / "job.json").read_text())
+
+
+def _job_configs(ep, folder):
+    """The Inductor settings package_builds._write_job gives the build of `ep`."""
+    return _job(ep, folder)["configs"]
 
 
 _REAL_WEIGHTLESS = package_builds.weightless
@@ -471,26 +476,44 @@ def _must_not_run(what):
     return fail
 
 
-def test_a_gpu_program_with_dynamic_sizes_is_built_without_persistent_reductions(tmp_path, monkeypatch):
-    """compiler/backends/gpu_reductions.py: Inductor's triton.persistent_reductions off for a GPU program whose sizes
-    are dynamic (the H200's SD1.5: persistent reductions took 332 of 422 kernel build seconds, one kernel 80 s);
-    nothing for a static one, a CPU one, or where KEEPFAST_PERSISTENT_REDUCTIONS=1 asks for Inductor's default."""
+def test_a_gpu_program_with_dynamic_sizes_makes_no_persistent_reduction_over_a_dynamic_size(tmp_path, monkeypatch):
+    """compiler/backends/gpu_reductions.py: a GPU program whose sizes are dynamic is built with Inductor's
+    persistent-reduction decision made per kernel (none over a dynamic size: the H200's SD1.5 spent 332 of 422
+    kernel build seconds on those, one kernel 80 s), in its build process and where it is built in this process;
+    the whole program's `triton.persistent_reductions` off only where this torch has no such hook. Nothing for a
+    static program, a CPU one, or where KEEPFAST_PERSISTENT_REDUCTIONS=1 asks for Inductor's default."""
     from compiler.backends import gpu_reductions
     from torch._inductor import config
 
     assert hasattr(config.triton, "persistent_reductions")  # the setting this torch's Inductor reads
+    assert gpu_reductions._default_choices_class() is not None  # torch 2.11 to 2.14 all have the hook
     module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16)).eval()
     static = torch.export.export(module, (torch.randn(4, 8),))
     dynamic = torch.export.export(module, (torch.randn(4, 8),),
                                   dynamic_shapes=({0: torch.export.Dim("batch", min=2, max=64)},))
-    configs, on_cuda = _job_configs, _on_cuda_layout
     monkeypatch.delenv(gpu_reductions.ENV, raising=False)
     assert gpu_reductions.has_dynamic_sizes(dynamic) and not gpu_reductions.has_dynamic_sizes(static)
-    assert "triton.persistent_reductions" not in configs(dynamic, tmp_path / "cpu")  # a CPU program: no Triton
-    monkeypatch.setattr(package_builds, "weightless", on_cuda)
-    assert configs(dynamic, tmp_path / "gpu-dynamic")["triton.persistent_reductions"] is False
-    assert "triton.persistent_reductions" not in configs(static, tmp_path / "gpu-static")
-    # the same settings where a program is built in this process (aot._build_here: it cannot travel to a child)
+    cpu = _job(dynamic, tmp_path / "cpu")  # a CPU program: no Triton
+    assert "triton.persistent_reductions" not in cpu["configs"] and "heuristics" not in cpu
+    monkeypatch.setattr(package_builds, "weightless", _on_cuda_layout)
+    job = _job(dynamic, tmp_path / "gpu-dynamic")
+    assert job["heuristics"] == {"fixed_size_persistent_reductions": True}
+    assert "triton.persistent_reductions" not in job["configs"]
+    job = _job(static, tmp_path / "gpu-static")
+    assert job["heuristics"] == {"fixed_size_persistent_reductions": False}
+    assert "triton.persistent_reductions" not in job["configs"]
+    # the same where a program is built in this process (aot._build_here: it cannot travel to a child)
+    assert package_builds.gpu_program_heuristics(dynamic) == {"fixed_size_persistent_reductions": True}
+    assert "triton.persistent_reductions" not in package_builds.gpu_program_settings(dynamic)
+    # a torch without the hook (or another's heuristics configured): the whole program's switch, as before
+    monkeypatch.setattr(gpu_reductions, "_default_choices_class", lambda: None)
+    job = _job(dynamic, tmp_path / "gpu-no-hook")
+    assert job["configs"]["triton.persistent_reductions"] is False
+    assert job["heuristics"] == {"fixed_size_persistent_reductions": False}
     assert package_builds.gpu_program_settings(dynamic)["triton.persistent_reductions"] is False
+    monkeypatch.undo()
+    monkeypatch.setattr(package_builds, "weightless", _on_cuda_layout)
     monkeypatch.setenv(gpu_reductions.ENV, "1")
-    assert "triton.persistent_reductions" not in configs(dynamic, tmp_path / "gpu-asked-default")
+    job = _job(dynamic, tmp_path / "gpu-asked-default")
+    assert "triton.persistent_reductions" not in job["configs"]
+    assert job["heuristics"] == {"fixed_size_persistent_reductions": False}

@@ -44,7 +44,7 @@ from ..shapes import SPATIAL, leaf_bounds
 from ..signature import FlatCall
 from ..subclass_weights import unwrap_subclass_weights
 from ..verify import compare
-from . import aot_parts, cxx_linkage, loader_check, package_builds, package_loader, program_split
+from . import aot_parts, cxx_linkage, gpu_reductions, loader_check, package_builds, package_loader, program_split
 from .base import (UNLABELLED, Backend, BuildInProcess, BuildLabel, CompileFailed, CompiledGraph, PackageInfo, PendingGraph, Progress,
                    WeightsElsewhere, call_device, no_progress, weights_elsewhere)
 from .cuda_graphs import Replays
@@ -535,8 +535,10 @@ def _build_here(ep: "torch.export.ExportedProgram", progress: Progress) -> Built
     """The package built in this process (for the CPU level `package_configs` picks)."""
     gpu = package_builds.program_device(ep) != "cpu"
     march, configs = package_configs(gpu=gpu)
+    heuristics = {}
     if gpu:
         configs.update(package_builds.gpu_program_settings(ep))
+        heuristics = package_builds.gpu_program_heuristics(ep)
     try:
         cxx_linkage.apply(package_builds.cxx_link_folder())
     except cxx_linkage.StaticCxxRuntime as error:
@@ -544,7 +546,9 @@ def _build_here(ep: "torch.export.ExportedProgram", progress: Progress) -> Built
     with tempfile.TemporaryDirectory(prefix="keepfast-aoti-", dir=extraction.run_folder()) as folder:
         target = os.path.join(folder, "graph.pt2")
         try:
-            torch._inductor.aoti_compile_and_package(ep, package_path=target, inductor_configs=configs)
+            with gpu_reductions.fixed_size_persistent_reductions(
+                    bool(heuristics.get("fixed_size_persistent_reductions"))):
+                torch._inductor.aoti_compile_and_package(ep, package_path=target, inductor_configs=configs)
         except Exception as error:
             raise CompileFailed(f"AOTInductor failed: {type(error).__name__}: {_first_line(error)}") from error
         package = Path(target).read_bytes()

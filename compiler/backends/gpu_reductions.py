@@ -1,5 +1,6 @@
-"""No persistent reductions in a GPU program whose sizes are dynamic: Inductor lists configurations for some of them
-that take tens of seconds each to build, and a cold compile waited for them.
+"""No persistent reductions over a dynamic size in a GPU program: Inductor lists configurations for them that take
+tens of seconds each to build, and a cold compile waited for them. Reductions over a fixed size keep Inductor's
+choice.
 
 What the H200 showed (docs/gpu.md, "Sixth H200 session"): the SD1.5 UNet's cold compile spent 422 s of its Triton
 compile workers' time on 487 kernel configurations, 332 s of it on the 111 configurations of 42 persistent
@@ -13,18 +14,23 @@ reduction in one block, from the size's upper bound, but its XBLOCK choices are 
 (the traced example): a hint of 64 under a bound of 1024 lets XBLOCK 32 through, 32 x 1024 elements in one program
 where the budget is 4096. Reproduced on this CPU (a layer norm over a dimension traced at 64 and bounded at 1024,
 built for sm_90): 0.15 s for XBLOCK 1, 0.33 s for 8, 3.65 s for 32. Upstream: pytorch/pytorch#193801 (open) budgets
-against the emitted R0_BLOCK.
+against the emitted R0_BLOCK. A reduction over a fixed size (a layer norm over a model's channels, an RMS norm over
+a head) has its R0_BLOCK and its hint from the same number, so its configurations are budgeted right, and a
+persistent kernel is what Inductor found fastest for it.
 
-So GPU programs with any dynamic size are built with Inductor's `triton.persistent_reductions` off: their
-reductions loop over blocks the ordinary reduction heuristics size. The graph computes the same; the setting is not
-part of a graph's key. What it costs a step is measured by the device check (the steady ratios of the next GPU run
-against the sixth session's). KEEPFAST_PERSISTENT_REDUCTIONS=1 keeps Inductor's default.
+So the decision is made per kernel, through the hook Inductor gives for its heuristics (`InductorChoices`,
+installed with `V.set_choices_handler` for the build's thread only): a reduction whose size has a symbol loops over
+blocks the ordinary reduction heuristics size; any other keeps Inductor's decision. A torch without that hook, or a
+build under heuristics of someone else's (`config.inductor_choices_class`), gets Inductor's
+`triton.persistent_reductions` off for the whole program instead, as before 2026-11-29. The graph computes the same
+either way; none of this is part of a graph's key. KEEPFAST_PERSISTENT_REDUCTIONS=1 keeps Inductor's default.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Dict
+from typing import Any, Dict, Iterator
 
 ENV = "KEEPFAST_PERSISTENT_REDUCTIONS"
 
@@ -41,8 +47,68 @@ def has_dynamic_sizes(ep: Any) -> bool:
     return False
 
 
+def _asked_default() -> bool:
+    return os.environ.get(ENV, "").strip() == "1"
+
+
+def _default_choices_class():
+    """Inductor's own heuristics class where this torch lets a build replace its persistent-reduction decision per
+    kernel and no other heuristics are configured; else None."""
+    try:
+        from torch._inductor import config
+        from torch._inductor.choices import InductorChoices
+        from torch._inductor.virtualized import V
+    except ImportError:
+        return None
+    if getattr(config, "inductor_choices_class", None) is not None or not hasattr(V, "set_choices_handler"):
+        return None
+    if not callable(getattr(InductorChoices, "should_use_persistent_reduction", None)):
+        return None
+    return InductorChoices
+
+
+def per_kernel(ep: Any) -> bool:
+    """Whether a GPU build of `ep` decides persistent reductions per kernel (`fixed_size_persistent_reductions`)."""
+    return has_dynamic_sizes(ep) and not _asked_default() and _default_choices_class() is not None
+
+
 def gpu_settings(ep: Any) -> Dict[str, Any]:
-    """Inductor settings for a GPU program: persistent reductions off where its sizes are dynamic, unless asked."""
-    if os.environ.get(ENV, "").strip() == "1" or not has_dynamic_sizes(ep):
+    """Inductor settings for a GPU program: persistent reductions off for the whole program where its sizes are
+    dynamic and the per-kernel decision is not available, unless asked for Inductor's default."""
+    if _asked_default() or not has_dynamic_sizes(ep) or per_kernel(ep):
         return {}
     return {"triton.persistent_reductions": False}
+
+
+def is_fixed(numel: Any) -> bool:
+    """Whether a kernel's reduction size is a number (no symbol in it)."""
+    return not getattr(numel, "free_symbols", None)
+
+
+def _choices():
+    base = _default_choices_class()
+
+    class FixedSizePersistentReductions(base):
+        """Inductor's heuristics, except that a reduction over a size with a symbol is never persistent."""
+
+        @staticmethod
+        def should_use_persistent_reduction(features, cooperative_reduction, *args, **kwargs) -> bool:
+            if not is_fixed(features.reduction_numel):
+                return False
+            return base.should_use_persistent_reduction(features, cooperative_reduction, *args, **kwargs)
+
+    return FixedSizePersistentReductions()
+
+
+@contextlib.contextmanager
+def fixed_size_persistent_reductions(active: bool) -> Iterator[None]:
+    """Within: this thread's Inductor makes no persistent reduction over a dynamic size (when `active`, from
+    `per_kernel` of the program being built). Inductor's choices are thread-local; the build compiles in this
+    thread, its kernels' code is written here before the compile workers build it."""
+    if not active or _default_choices_class() is None:
+        yield
+        return
+    from torch._inductor.virtualized import V
+
+    with V.set_choices_handler(_choices()):
+        yield

@@ -431,8 +431,11 @@ def main(folder: str) -> int:
             # AOTInductor traces the program again (aot_export_module) before it lowers it: without recording each
             # node's Python stack where torch can skip it (stack_traces.py: 21.4 s against 27.4-29.5 s for the
             # real-depth SD1.5 UNet on a 2-core CPU, torch 2.13)
+            heuristics = job.get("heuristics") or {}
             with _sibling("build_profile").CompileProfile() as profile, \
-                    _sibling("stack_traces").without_stack_traces():
+                    _sibling("stack_traces").without_stack_traces(), \
+                    _sibling("gpu_reductions").fixed_size_persistent_reductions(
+                        bool(heuristics.get("fixed_size_persistent_reductions"))):
                 _sibling("precompiled_headers").compile_with_sound_headers(
                     lambda: torch._inductor.aoti_compile_and_package(program, package_path=target,
                                                                      inductor_configs=configs))

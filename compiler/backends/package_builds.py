@@ -636,8 +636,15 @@ GPU_HOST_ISA = {"cpp.vec_isa_ok": False}
 
 def gpu_program_settings(ep: "torch.export.ExportedProgram") -> dict:
     """Inductor's settings for a GPU program's kernels, wherever it is built (a build process, or this process
-    where the program cannot travel): the convolution layout and no persistent reductions over dynamic sizes."""
+    where the program cannot travel): the convolution layout, and persistent reductions off for the whole program
+    where its sizes are dynamic and they cannot be left out per kernel (`gpu_program_heuristics`)."""
     return {**conv_layout.gpu_settings(ep), **gpu_reductions.gpu_settings(ep)}
+
+
+def gpu_program_heuristics(ep: "torch.export.ExportedProgram") -> dict:
+    """What a GPU program's build changes in Inductor's heuristics for its thread (not settings: a job carries
+    them beside its configs): no persistent reduction over a dynamic size (gpu_reductions.py)."""
+    return {"fixed_size_persistent_reductions": gpu_reductions.per_kernel(ep)}
 
 
 def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, folder: Path,
@@ -658,6 +665,7 @@ def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, f
     if device != "cpu":
         march, settings = machine_fit.gpu_host_build()
         job["configs"] = {**configs, **settings, **gpu_program_settings(ep), **GPU_HOST_ISA}
+        job["heuristics"] = gpu_program_heuristics(ep)
         built_for = {"march": march, "vec_isa": None, "vec_flags": None}
     elif probe:
         job["probe"] = str(MACHINE_FIT)
