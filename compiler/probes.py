@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Sequence, Tuple
 
 import torch
 
@@ -132,6 +132,65 @@ def reshape_call(call: FlatCall, batch: int, height: int, width: int) -> FlatCal
         tensors.append(torch.zeros(shape, dtype=tensor.dtype, device=tensor.device))
     args, kwargs = call.rebuild(tensors)
     return FlatCall(args, kwargs, same_roles(roles))
+
+
+def _spatial_reference(call: FlatCall) -> Tuple[int, int] | None:
+    """(height, width) of the first tensor with two spatial dims (what corner and cropped calls scale by)."""
+    for shape, tensor in zip(call.shapes, call.signature.tensors):
+        spatial = [d for d, role in enumerate(tensor.dims) if role == SPATIAL]
+        if len(spatial) >= 2:
+            return shape[spatial[-2]], shape[spatial[-1]]
+    return None
+
+
+def cropped_call(call: FlatCall, height: int, width: int) -> FlatCall | None:
+    """The call's own tensors cut to (height, width) latent pixels at their top left, every spatial input in
+    proportion (the values are the caller's, not zeros); None where a size cannot be cut exactly."""
+    reference = _spatial_reference(call)
+    if reference is None:
+        return None
+    roles = [t.dims for t in call.signature.tensors]
+    tensors: List[torch.Tensor] = []
+    for tensor, dims in zip(call.tensors, roles):
+        spatial = [d for d, role in enumerate(dims) if role == SPATIAL]
+        if len(spatial) >= 2:
+            for d, target, ref in ((spatial[-2], height, reference[0]), (spatial[-1], width, reference[1])):
+                scaled = target * tensor.shape[d]
+                if scaled % ref or scaled // ref > tensor.shape[d] or scaled == 0:
+                    return None
+                tensor = tensor.narrow(d, 0, scaled // ref)
+        tensors.append(tensor)
+    args, kwargs = call.rebuild(tensors)
+    return FlatCall(args, kwargs, same_roles(roles))
+
+
+def smallest_served(call: FlatCall, serves: Callable[[FlatCall], bool]) -> FlatCall:
+    """The call cut to the smallest latent sides (multiples of MULTIPLE) that `serves` accepts, height first, or
+    the call itself.
+
+    Why: a check of how a graph computes at a size of 1 of another role (batch, text length) runs the graph and
+    the model once each, and nothing in that question depends on the image's size. At a range corner it was the
+    corner's size: a first call at latent 8x8 made the real-depth SD1.5 UNet's corner graph at batch 1, latent
+    256x256 run the model there on the CPU, its first attention over 65536 positions (the first call had not
+    ended after 10 minutes). The call itself is still compared with the model by the first-use check (verify.py).
+    """
+    reference = _spatial_reference(call)
+    if reference is None:
+        return call
+    height, width = reference
+    best = call
+    for side in ("height", "width"):
+        full = height if side == "height" else width
+        for size in range(MULTIPLE, full, MULTIPLE):
+            candidate = cropped_call(call, size, width) if side == "height" else cropped_call(call, height, size)
+            if candidate is not None and serves(candidate):
+                best = candidate
+                if side == "height":
+                    height = size
+                else:
+                    width = size
+                break
+    return best
 
 
 def narrowed_to_one(call: FlatCall, bounds: LeafBounds) -> List[Tuple[str, FlatCall, List[Tuple[int, int]]]]:

@@ -52,3 +52,41 @@ def test_corners_of_one_multiple_compile_when_first_used_and_match_eager(caplog)
     assert len(registry.compiles) == compiles + 1, [e.reason for e in registry.compiles]  # its own graph, now
     assert forward.last_status == "compiled graph", forward.last_status
     assert float((out - expected).abs().max()) < 1e-4
+
+
+def test_a_first_call_at_one_multiple_checks_its_corner_graphs_on_small_images():
+    """A first call at latent 8x8, batch 1 (the UNet node's default minimum): its graph serves 8x8 only, so the
+    range's corners compile in that call, each traced from a corner's own sizes; each such graph's check at a size
+    of 1 (aot.size_one_disagreement) runs the model and the graph once. It ran them at the corner's size, the
+    range's largest image (for the real-depth SD1.5 UNet on this CPU: latent 256x256, attention over 65536
+    positions, the first call not ended in 10 minutes); now on the smallest image the graph serves."""
+    unet = _four_level_unet()
+    multiple = alignment.axis_multiples(unet)[0]
+    top = 8 * multiple
+    shape_range = ShapeRange(batch=(1, 4), spatial=(multiple, top), sequence=(1, 160))
+    registry = GraphRegistry()
+    forward = compile_module(unet, CompileOptions(shape_range=shape_range), registry)
+    sides = []
+    from torch._subclasses.fake_tensor import is_fake
+
+    def record(module, inputs):  # the model run on real tensors (a trace runs it on fake ones)
+        if not is_fake(inputs[0]):
+            sides.append(max(inputs[0].shape[-2:]))
+
+    unet.conv_in.register_forward_pre_hook(record)
+    args, kwargs = unet_inputs(1, multiple, multiple)
+    with torch.no_grad():
+        out = unet(*args, **kwargs)[0]
+        expected = forward.eager(*args, **kwargs)[0]
+    reasons = [e.reason for e in registry.compiles]
+    assert any(f"range corner batch 1, latent {top}x{top}" in r for r in reasons), reasons  # the case itself
+    assert sides and max(sides) <= 2 * multiple, (sides, reasons)  # the model never ran at a corner's size
+    assert float((out - expected).abs().max()) < 1e-4
+    # the corner graphs serve the corners, equal to eager
+    compiles = len(registry.compiles)
+    args, kwargs = unet_inputs(1, top, top)
+    with torch.no_grad():
+        out = unet(*args, **kwargs)[0]
+        expected = forward.eager(*args, **kwargs)[0]
+    assert len(registry.compiles) == compiles and forward.last_status == "compiled graph", forward.last_status
+    assert float((out - expected).abs().max()) < 1e-4

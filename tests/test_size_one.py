@@ -89,3 +89,29 @@ def test_a_graph_that_computes_differently_at_one_serves_two_and_up(monkeypatch)
 def test_the_inductor_backend_is_right_without_the_check():
     worst, registry, decoder = _decode_in_order("inductor", verify=False)
     assert worst < 1e-4 and decoder.graph_calls == len(ORDER) and registry.fallbacks == []
+
+
+def test_a_call_is_cut_to_the_smallest_image_a_graph_serves_keeping_its_values():
+    """probes.cropped_call / smallest_served: what aot.size_one_disagreement runs its one model and graph call on."""
+    from compiler.probes import cropped_call, smallest_served
+    from compiler.shapes import BATCH, SPATIAL
+    from compiler.signature import FlatCall
+
+    image = {0: BATCH, 2: SPATIAL, 3: SPATIAL}
+    roles = {"args[0]": image, "hint": image}
+    sample, hint, text = torch.randn(1, 4, 32, 48), torch.randn(1, 3, 100, 150), torch.randn(1, 7, 8)
+    call = FlatCall((sample,), {"hint": hint, "text": text},
+                    lambda path, tensor: roles.get(path, {0: BATCH}))
+    cut = cropped_call(call, 16, 24)
+    assert cut.shapes == [(1, 4, 16, 24), (1, 3, 50, 75), (1, 7, 8)]
+    assert torch.equal(cut.tensors[0], sample[:, :, :16, :24])  # the caller's values, top left
+    assert torch.equal(cut.tensors[1], hint[:, :, :50, :75])  # a second image in proportion
+    assert cut.tensors[2] is text
+    assert cropped_call(call, 64, 48) is None  # never larger
+    assert cropped_call(call, 12, 24) is None  # 12 * 100 / 32 is not a whole size
+    # the smallest sides (multiples of 8) accepted, height first
+    served = smallest_served(call, lambda c: c.shapes[0][2] >= 16 and c.shapes[0][3] >= 24)
+    assert served.shapes[0] == (1, 4, 16, 24)
+    assert smallest_served(call, lambda c: False) is call  # nothing smaller served: the call itself
+    flat = FlatCall((text,), {}, lambda path, tensor: {0: BATCH})
+    assert smallest_served(flat, lambda c: True) is flat  # no image in the call

@@ -39,7 +39,7 @@ from ..flat_module import MODULE_PREFIX, FlatForward, dump_out_spec, load_out_sp
 from ..module_snapshot import snapshot_of
 from ..guards import GuardSet, GuardSyntaxError, readable, size_ref
 from ..keys import GraphKey
-from ..probes import cloned, narrowed_to_one, pinned_example, trace_example
+from ..probes import cloned, narrowed_to_one, pinned_example, smallest_served, trace_example
 from ..shapes import SPATIAL, leaf_bounds
 from ..signature import FlatCall
 from ..subclass_weights import unwrap_subclass_weights
@@ -188,13 +188,20 @@ def size_one_disagreement(graph: "AotGraph", module, flat: FlatForward, call: Fl
 
     Tracing is size-oblivious (`_export_settings`), so nothing in the graph's
     guards says whether it computes right at 1: run it there once, and the
-    model, each on copies of the call's tensors, and compare.
+    model, each on copies of the call's tensors cut to the smallest image the
+    graph serves (`probes.smallest_served`: a range corner's own size made
+    this one run of the model the first call's longest part), and compare.
     """
+    small = smallest_served(call, lambda smaller: graph.why_not(smaller) is None)  # the question is not the size's
     with torch.no_grad():
         try:
-            reference = flat(list(cloned(call).tensors))
-        except Exception:  # noqa: BLE001 - the model itself does not take a 1 there: nothing to serve
-            return None
+            reference = flat(list(cloned(small).tensors))
+            call = small
+        except Exception:  # noqa: BLE001 - a model that takes no smaller image is asked at the call's own
+            try:
+                reference = flat(list(cloned(call).tensors))
+            except Exception:  # noqa: BLE001 - the model itself does not take a 1 there: nothing to serve
+                return None
         try:
             output = pytree.tree_leaves(graph.run(module, cloned(call)))
         except Exception as error:  # noqa: BLE001 - a graph that fails at 1 does not serve 1
