@@ -22,8 +22,11 @@ So the decision is made per kernel, through the hook Inductor gives for its heur
 installed with `V.set_choices_handler` for the build's thread only): a reduction whose size has a symbol loops over
 blocks the ordinary reduction heuristics size; any other keeps Inductor's decision. A torch without that hook, or a
 build under heuristics of someone else's (`config.inductor_choices_class`), gets Inductor's
-`triton.persistent_reductions` off for the whole program instead, as before 2026-11-29. The graph computes the same
-either way; none of this is part of a graph's key. KEEPFAST_PERSISTENT_REDUCTIONS=1 keeps Inductor's default.
+`triton.persistent_reductions` off for the whole program instead (every GPU build did so before 2026-11-28 23:00).
+The graph computes the same either way; none of this is part of a graph's key. Inductor's own FX graph cache does
+not see a handler set so: an entry one machine made for the same program under Inductor's default heuristics would
+be taken as it is (kernels no slower to run, only to build). KEEPFAST_PERSISTENT_REDUCTIONS=1 keeps Inductor's
+default.
 """
 
 from __future__ import annotations
