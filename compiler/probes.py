@@ -107,15 +107,19 @@ def corner_targets(shape_range: ShapeRange) -> Iterator[Tuple[int, int, int]]:
         yield batch, height, width
 
 
+def _spatial_reference(call: FlatCall) -> Tuple[int, int] | None:
+    """(height, width) of the first tensor with two spatial dims (what corner and cropped calls scale by)."""
+    for shape, tensor in zip(call.shapes, call.signature.tensors):
+        spatial = [d for d, role in enumerate(tensor.dims) if role == SPATIAL]
+        if len(spatial) >= 2:
+            return shape[spatial[-2]], shape[spatial[-1]]
+    return None
+
+
 def reshape_call(call: FlatCall, batch: int, height: int, width: int) -> FlatCall | None:
     """The call with its dynamic sizes moved to (batch, height, width); None if it cannot be."""
     roles = [t.dims for t in call.signature.tensors]
-    reference = None
-    for shape, dims in zip(call.shapes, roles):
-        spatial = [d for d, role in enumerate(dims) if role == SPATIAL]
-        if len(spatial) >= 2:
-            reference = (shape[spatial[-2]], shape[spatial[-1]])
-            break
+    reference = _spatial_reference(call)
     tensors: List[torch.Tensor] = []
     for tensor, dims in zip(call.tensors, roles):
         spatial = [d for d, role in enumerate(dims) if role == SPATIAL]
@@ -132,15 +136,6 @@ def reshape_call(call: FlatCall, batch: int, height: int, width: int) -> FlatCal
         tensors.append(torch.zeros(shape, dtype=tensor.dtype, device=tensor.device))
     args, kwargs = call.rebuild(tensors)
     return FlatCall(args, kwargs, same_roles(roles))
-
-
-def _spatial_reference(call: FlatCall) -> Tuple[int, int] | None:
-    """(height, width) of the first tensor with two spatial dims (what corner and cropped calls scale by)."""
-    for shape, tensor in zip(call.shapes, call.signature.tensors):
-        spatial = [d for d, role in enumerate(tensor.dims) if role == SPATIAL]
-        if len(spatial) >= 2:
-            return shape[spatial[-2]], shape[spatial[-1]]
-    return None
 
 
 def cropped_call(call: FlatCall, height: int, width: int) -> FlatCall | None:
@@ -179,17 +174,15 @@ def smallest_served(call: FlatCall, serves: Callable[[FlatCall], bool]) -> FlatC
         return call
     height, width = reference
     best = call
-    for side in ("height", "width"):
-        full = height if side == "height" else width
-        for size in range(MULTIPLE, full, MULTIPLE):
-            candidate = cropped_call(call, size, width) if side == "height" else cropped_call(call, height, size)
-            if candidate is not None and serves(candidate):
-                best = candidate
-                if side == "height":
-                    height = size
-                else:
-                    width = size
-                break
+    for size in range(MULTIPLE, height, MULTIPLE):
+        candidate = cropped_call(call, size, width)
+        if candidate is not None and serves(candidate):
+            best, height = candidate, size
+            break
+    for size in range(MULTIPLE, width, MULTIPLE):
+        candidate = cropped_call(call, height, size)
+        if candidate is not None and serves(candidate):
+            return candidate
     return best
 
 
