@@ -8,17 +8,16 @@ builds as fast as torch.compile's and is what Inductor found fastest, so only th
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import sympy
 
 from compiler.backends import gpu_reductions
+from tests.support.triton_python import triton_python
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,18 +77,11 @@ def test_another_heuristics_class_is_left_alone_and_the_program_falls_back_to_th
             assert V.choices is before
 
 
-def _triton_python():
-    """An interpreter with Triton and torch's Inductor: this one, or KEEPFAST_TRITON_PYTHON."""
-    if importlib.util.find_spec("triton") is not None:
-        return sys.executable
-    return os.environ.get("KEEPFAST_TRITON_PYTHON")
-
-
 def test_inductor_writes_a_looped_reduction_for_the_dynamic_size_and_keeps_the_fixed_one_persistent():
     """Inductor's real code generation for an sm_90 target (tests/support/reduction_kinds.py): a layer norm over 64
     channels and a softmax over a size bounded at 512 are both persistent by default; with the decision, the
     softmax loops and the layer norm stays persistent."""
-    python = _triton_python()
+    python = triton_python()
     if python is None:
         pytest.skip("Triton is not importable in this interpreter (and KEEPFAST_TRITON_PYTHON is not set): "
                     "Inductor writes no Triton kernels here")

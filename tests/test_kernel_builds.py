@@ -8,18 +8,17 @@ Python named by KEEPFAST_TRITON_PYTHON (e.g. .venv-torch211/bin/python); otherwi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import queue
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from compiler.testing.bench import kernel_builds as kb
+from tests.support.triton_python import triton_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -176,21 +175,10 @@ def test_a_level_hands_out_no_configuration_after_the_budget(tmp_path):
     assert sorted(task for _, task in pool.sent) == list(range(10)) and {i for i, _ in pool.sent} == {0, 1}
 
 
-def _triton_python():
-    """An interpreter with Triton and torch's Inductor: this one, or KEEPFAST_TRITON_PYTHON."""
-    if importlib.util.find_spec("triton") is not None:
-        try:
-            import triton  # noqa: F401
-            return sys.executable
-        except Exception:
-            pass
-    return os.environ.get("KEEPFAST_TRITON_PYTHON")
-
-
 @pytest.fixture(scope="module")
 def tiny_sources(tmp_path_factory):
     """(python, env, the 3-op module's kernel sources file, both sets), captured once for the module's runs."""
-    python = _triton_python()
+    python = triton_python()
     if python is None:
         pytest.skip("Triton is not importable in this interpreter (and KEEPFAST_TRITON_PYTHON is not set): "
                     "the kernels can be neither captured nor built")

@@ -78,7 +78,7 @@ def per_kernel(ep: Any) -> bool:
 def gpu_settings(ep: Any) -> Dict[str, Any]:
     """Inductor settings for a GPU program: persistent reductions off for the whole program where its sizes are
     dynamic and the per-kernel decision is not available, unless asked for Inductor's default."""
-    if _asked_default() or not has_dynamic_sizes(ep) or per_kernel(ep):
+    if _asked_default() or not has_dynamic_sizes(ep) or _default_choices_class() is not None:
         return {}
     return {"triton.persistent_reductions": False}
 

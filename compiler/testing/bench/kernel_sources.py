@@ -88,32 +88,51 @@ def _model_and_call(model: str, dynamic: bool):
     return unet, (sample, torch.tensor(500.0)), {"encoder_hidden_states": text, "return_dict": False}
 
 
-def capture(model: str, sizes: str) -> Dict[str, Any]:
-    """Run torch.compile on `model` with static or dynamic sizes in this process and return the captured kernels
-    ({"kernels": [{"name", "source"}], "graphs": n}). Patches Triton's driver and Inductor process-wide."""
+def record_gpu_kernels() -> List[Dict[str, str]]:
+    """From now on in this process, Inductor writes Triton kernels for an sm_90 GPU from the CPU's tensors, and each
+    kernel's name and source (as for a CUDA device) is appended to the list returned instead of being built.
+    Patches Triton's driver and Inductor process-wide: for a process of its own (tests/support/reduction_kinds.py
+    reads the kinds of kernel Inductor chose the same way)."""
     install_fake_driver()
     import torch
     import torch._inductor.config as inductor_config
     from torch._inductor import async_compile
-    from torch._inductor.compile_fx import compile_fx
 
     inductor_config.cpu_backend = "triton"
     inductor_config.compile_threads = 1
     inductor_config.fx_graph_cache = False  # a cache hit would skip the code generation that is captured
     torch._functorch.config.enable_autograd_cache = False
     kernels: List[Dict[str, str]] = []
-    graphs = [0]
 
     def record(self, kernel_name, source_code, device_str="cuda"):
         kernels.append({"name": kernel_name, "source": as_cuda_source(source_code)})
         return _NotBuilt()
 
+    async_compile.AsyncCompile.triton = record
+    return kernels
+
+
+def writes_kernels(gm, example_inputs):
+    """A dynamo backend that has Inductor write the graph's kernels (recorded by `record_gpu_kernels`) and runs the
+    graph eagerly, so a graph break does not end the capture."""
+    from torch._inductor.compile_fx import compile_fx
+
+    compile_fx(gm, example_inputs)
+    return gm.forward
+
+
+def capture(model: str, sizes: str) -> Dict[str, Any]:
+    """Run torch.compile on `model` with static or dynamic sizes in this process and return the captured kernels
+    ({"kernels": [{"name", "source"}], "graphs": n}). Patches Triton's driver and Inductor process-wide."""
+    kernels = record_gpu_kernels()
+    import torch
+
+    graphs = [0]
+
     def backend(gm, example_inputs):
         graphs[0] += 1
-        compile_fx(gm, example_inputs)  # writes the kernels (recorded above); its result is not run
-        return gm.forward
+        return writes_kernels(gm, example_inputs)
 
-    async_compile.AsyncCompile.triton = record
     module, args, kwargs = _model_and_call(model, sizes == "dynamic")
     compiled = torch.compile(module, backend=backend, dynamic=(sizes == "dynamic"))
     with torch.no_grad():
