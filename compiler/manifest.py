@@ -8,7 +8,9 @@ output layout needed to serve calls without tracing anything again, and
 (format 2) what the package needs of the machine that loads it: OS, CPU
 architecture and instructions, GPU architecture (compiler/machine_fit.py), and
 (format 3, written only for such graphs) a graph built in parts: which values
-each part takes and makes (compiler/backends/program_split.py).
+each part takes and makes (compiler/backends/program_split.py), and (format 4, written only for such graphs) a
+block graph that takes its weights as inputs, by name (compiler/backends/weight_inputs.py): a pack that reads
+no further than 3 would run it without them, so it refuses it.
 Format 1 manifests are still read; their packages are checked against the
 vector ISA the package itself names.
 """
@@ -30,7 +32,8 @@ from .version import FIRST_SIZE_SAFE_VERSION, __version__
 FORMAT = "keepfast-graph"
 FORMAT_VERSION = 2
 PARTS_FORMAT_VERSION = 3  # a graph built in parts (program_split.py): a pack that reads 2 only refuses it
-READABLE_VERSIONS = (1, 2, 3)  # 1: before "needs"; 3: "parts"
+WEIGHT_INPUTS_FORMAT_VERSION = 4  # a graph that takes its weights as inputs: a pack that reads 3 only refuses it
+READABLE_VERSIONS = (1, 2, 3, 4)  # 1: before "needs"; 3: "parts"; 4: "weight_inputs"
 MANIFEST_SUFFIX = ".json"
 
 
@@ -73,7 +76,7 @@ class Manifest:
     def to_json(self) -> dict:
         data = {
             "format": FORMAT,
-            "format_version": PARTS_FORMAT_VERSION if self.info.wiring else FORMAT_VERSION,
+            "format_version": self.format_version,
             "graph_id": self.graph_id,
             "family": self.key.family.to_json(),
             "family_id": self.key.family.id,
@@ -93,7 +96,16 @@ class Manifest:
         }
         if self.info.wiring:
             data["parts"] = self.info.wiring
+        if self.info.weight_inputs:
+            data["weight_inputs"] = self.info.weight_inputs
         return data
+
+    @property
+    def format_version(self) -> int:
+        """The oldest format that says everything this graph needs (an older pack reads it right or refuses it)."""
+        if self.info.weight_inputs:
+            return WEIGHT_INPUTS_FORMAT_VERSION
+        return PARTS_FORMAT_VERSION if self.info.wiring else FORMAT_VERSION
 
     def dumps(self) -> bytes:
         return (json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n").encode()
@@ -122,6 +134,7 @@ class Manifest:
                     input_paths=[str(p) for p in data.get("input_paths", [])],
                     needs=_needs(data.get("needs") if version >= 2 else {}),
                     wiring=_wiring(data.get("parts")) if version >= 3 else None,
+                    weight_inputs=[str(n) for n in data.get("weight_inputs", [])] if version >= 4 else [],
                 ),
                 signature=dict(data.get("signature") or {}),
                 created=str(data.get("created", "")),

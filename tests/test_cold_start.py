@@ -160,8 +160,8 @@ def test_format_1_manifests_still_load_and_a_newer_format_is_refused_by_name(sav
     assert len(registry.compiles) == 0
 
     data = json.loads(paths[0].read_text())
-    data["format_version"] = 4
-    with pytest.raises(ManifestError, match="format 4.*reads formats 1, 2, 3"):
+    data["format_version"] = 5
+    with pytest.raises(ManifestError, match="format 5.*reads formats 1, 2, 3, 4"):
         Manifest.from_json(data)
 
 

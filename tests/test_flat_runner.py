@@ -52,3 +52,20 @@ def test_a_package_taking_other_arguments_is_called_as_torch_calls_it(tmp_path):
     runner = FlatRunner(_loaded(TakesTwo(), (a, b), tmp_path, "two"))
     assert not runner._flat
     assert torch.allclose(runner(a, b), a * 2 + b)
+
+
+class TakesTwoLists(torch.nn.Module):
+    """A block graph with its weights as inputs (weight_inputs.py): the call's tensors, then the weights."""
+
+    def forward(self, tensors, weights):
+        (a,), (w, bias) = tensors, weights
+        return [a @ w + bias]
+
+
+def test_a_package_taking_its_weights_as_a_second_list_is_called_straight(tmp_path):
+    a, w, bias = torch.randn(3, 4), torch.randn(4, 5), torch.randn(5)
+    model = _loaded(TakesTwoLists(), ([a], [w, bias]), tmp_path, "lists")
+    runner = FlatRunner(model)
+    assert runner._flat
+    got = runner([a, w, bias])  # one list: the call's tensors, then the weights
+    assert torch.allclose(got[0], a @ w + bias, atol=1e-5)

@@ -19,6 +19,7 @@ checked by the pack instead, from the manifest, before the library is loaded
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -44,7 +45,7 @@ from ..shapes import SPATIAL, leaf_bounds
 from ..signature import FlatCall
 from ..subclass_weights import unwrap_subclass_weights
 from ..verify import compare
-from . import aot_parts, cxx_linkage, gpu_reductions, loader_check, package_builds, package_loader, program_split
+from . import aot_parts, cxx_linkage, gpu_reductions, loader_check, package_builds, package_loader, program_split, weight_inputs
 from .base import (UNLABELLED, Backend, BuildInProcess, BuildLabel, CompileFailed, CompiledGraph, PackageInfo, PendingGraph, Progress,
                    WeightsElsewhere, call_device, no_progress, weights_elsewhere)
 from .cuda_graphs import Replays
@@ -221,6 +222,7 @@ class AotGraph(CompiledGraph):
         if self._out_spec is None:
             raise CompileFailed("the graph's output structure is unknown (it could not be serialised)")
         self._names = list(info.constant_names)
+        self.weight_inputs = list(info.weight_inputs)  # a block graph's weights, passed after the call's tensors
         self._lock = threading.Lock()
         # One runner per device index the graph is called on (a GPU graph's kernels are loaded onto one device),
         # and per runner a token of whose tensors it holds now (this graph's run and blocks/binding.py alike).
@@ -298,19 +300,33 @@ class AotGraph(CompiledGraph):
             self._bound[index] = token
         return runner
 
+    def _with_weights(self, module: torch.nn.Module, inputs: List[torch.Tensor], device: torch.device) -> list:
+        """A graph taking its weights as inputs: the call's tensors, then `module`'s weights (nothing bound)."""
+        tensors = snapshot_of(module).tensors()
+        try:
+            weights = {name: tensors[name] for name in self.weight_inputs}
+        except KeyError as missing:
+            raise CompileFailed(f"the module has no tensor {missing.args[0][len(MODULE_PREFIX):]}") from None
+        misplaced = weights_elsewhere(weights, device)
+        if misplaced:
+            raise WeightsElsewhere(misplaced)
+        return weight_inputs.with_weights(inputs, weights, self.weight_inputs)
+
     def run(self, module: torch.nn.Module, call: FlatCall, replay: bool = False) -> Any:
         with self._lock:
             device = call_device(call.tensors)
             index = index_of(device)
-            runner = self._bind(module, index, device)
             # The package was traced with contiguous inputs and does not check strides:
             # a non-contiguous input would give wrong results silently.
             inputs = [t if t.is_contiguous() else t.contiguous() for t in call.tensors]
-            if replay and device.type == "cuda":
+            if self.weight_inputs:  # a block graph: nothing bound, and no CUDA graphs for blocks (replay_notes.py)
+                outputs = self.runner_on(index)(self._with_weights(module, inputs, device))
+            elif replay and device.type == "cuda":
+                runner = self._bind(module, index, device)
                 replays = self._replays.setdefault(index, Replays())
                 outputs = replays.run(runner, inputs, self._bound.get(index))
             else:
-                outputs = runner(inputs)
+                outputs = self._bind(module, index, device)(inputs)
         if isinstance(outputs, torch.Tensor):
             outputs = [outputs]
         return pytree.tree_unflatten(list(outputs), self._out_spec)
@@ -322,9 +338,7 @@ class AotGraph(CompiledGraph):
 
     def restricted(self, guards: List[str]) -> "AotGraph":
         """The same package with more guards (a narrower range): a new graph variant."""
-        info = PackageInfo(guards=self.info.guards + guards, out_spec=self.info.out_spec,
-                           constant_names=self.info.constant_names, input_paths=self.info.input_paths,
-                           extra=self.info.extra, needs=self.info.needs, wiring=self.info.wiring)
+        info = dataclasses.replace(self.info, guards=self.info.guards + guards)
         graph = AotGraph(self.key.with_variant(info.guards), self._package_bytes, info, origin=self.origin)
         graph.build_usage = self.build_usage
         return graph

@@ -115,6 +115,9 @@ class PackageInfo:
     needs: Dict[str, Any] = field(default_factory=dict)
     # A graph built in parts: which values each part takes and makes (program_split.Wiring.to_json); None: whole.
     wiring: Optional[Dict[str, Any]] = None
+    # A block graph that takes its weights as inputs after the call's tensors, by these names in this order
+    # (backends/weight_inputs.py); empty: its weights are constants, bound before a call (`constant_names`).
+    weight_inputs: List[str] = field(default_factory=list)
 
 
 class CompiledGraph(ABC):

@@ -2,7 +2,8 @@
 
 Why: torch's `AOTICompiledModel.__call__` asks the loader for the package's input and output specs and parses both
 (`treespec_loads`, JSON) on every call, then flattens the arguments and unflattens the outputs. The pack calls every
-package one way, `runner([tensor, ...])` (the program was exported taking one list, a part of one a tuple), so the
+package one way, `runner([tensor, ...])` (the program was exported taking one list, a part of one a tuple, a block
+graph taking its weights two lists: the call's tensors, then the weights, weight_inputs.py), so the
 specs are read here once and a call goes straight to the loader's `boxed_run`. On this 2-core CPU the real-depth
 SD1.5 UNet in 2 parts spent about 0.2 ms of each call there (a cProfile of 40 calls); on a GPU that time comes
 before the call's first kernel. A package whose input spec is anything else is called as torch calls it.
@@ -17,10 +18,13 @@ from torch.utils import _pytree as pytree
 
 
 def _takes_one_list(in_spec: pytree.TreeSpec) -> bool:
-    """Whether a package's inputs are one positional list or tuple of tensors and no keywords (`((list,), {})`;
-    the parts of a graph take a tuple): either flattens to the tensors in their order."""
+    """Whether a package's inputs flatten to one list of tensors in their order, with no keywords: one positional
+    list or tuple (`((list,), {})`; the parts of a graph take a tuple), or a block graph's two lists (its call's
+    tensors, then its weights: `((list, list), {})`)."""
     leaves = [0] * in_spec.num_leaves
-    return in_spec in (pytree.tree_structure(((leaves,), {})), pytree.tree_structure(((tuple(leaves),), {})))
+    if in_spec in (pytree.tree_structure(((leaves,), {})), pytree.tree_structure(((tuple(leaves),), {}))):
+        return True
+    return any(in_spec == pytree.tree_structure(((leaves[:k], leaves[k:]), {})) for k in range(len(leaves) + 1))
 
 
 class FlatRunner:

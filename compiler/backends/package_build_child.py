@@ -68,6 +68,18 @@ def _weights(spec: dict):
     return made
 
 
+def _examples(examples, layouts: list):
+    """The program's example inputs made again from their layouts (the parent sent placeholders, as for weights)."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    leaves, spec = pytree.tree_flatten(examples)
+    made = [leaf if layout is None else torch.empty_strided(layout[0], layout[1], dtype=getattr(torch, layout[2]),
+                                                           device=layout[3])
+            for leaf, layout in zip(leaves, layouts)]
+    return pytree.tree_unflatten(made, spec)
+
+
 @functools.lru_cache(maxsize=None)
 def _sibling(name: str):
     """A standalone module beside this script (this process does not import the pack), loaded by its path, once
@@ -427,6 +439,8 @@ def main(folder: str) -> int:
             program = torch.export.load(os.path.join(folder, "program.pt2"))
             hinted = _sibling("program_hints").restore_hints(program)  # the example sizes torch's loader drops
             program._state_dict.update(_weights(job["weights"]))
+            if job.get("examples"):  # a block graph's weights are its examples too (weight_inputs.py)
+                program._example_inputs = _examples(program.example_inputs, job["examples"])
             loaded = time.perf_counter() - BEGUN
             # AOTInductor traces the program again (aot_export_module) before it lowers it: without recording each
             # node's Python stack where torch can skip it (stack_traces.py: 21.4 s against 27.4-29.5 s for the

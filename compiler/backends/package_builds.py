@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
+import torch.utils._pytree as pytree
 
 from .. import build_times, extraction, machine_fit
-from . import child_priority, conv_layout, forked_trace, gpu_reductions, loader_check, spawned_trace
+from . import child_priority, conv_layout, forked_trace, gpu_reductions, loader_check, spawned_trace, weight_inputs
 from .base import UNLABELLED, BuildInProcess, BuildLabel, CompileFailed, call_device
 
 REAL_CHILD = Path(__file__).with_name("package_build_child.py")
@@ -131,17 +132,35 @@ def weightless(ep: "torch.export.ExportedProgram") -> Tuple["torch.export.Export
     if not isinstance(weights, dict):
         raise BuildInProcess(f"torch {torch.__version__}'s exported programs keep their weights where the pack "
                              "cannot leave them out")
-    layout: Dict[str, list] = {}
-    empty = {}
-    for name, tensor in weights.items():
-        parameter = isinstance(tensor, torch.nn.Parameter)
-        layout[name] = [list(tensor.shape), list(tensor.stride()), str(tensor.dtype).removeprefix("torch."),
-                        str(tensor.device), parameter]
-        placeholder = torch.empty(0, dtype=tensor.dtype)
-        empty[name] = torch.nn.Parameter(placeholder, requires_grad=False) if parameter else placeholder
+    layout = {name: _layout(tensor) for name, tensor in weights.items()}
     light = copy.copy(ep)
-    light._state_dict = empty
+    light._state_dict = {name: _placeholder(tensor) for name, tensor in weights.items()}
     return light, layout
+
+
+def _layout(tensor: torch.Tensor) -> list:
+    """What a build process makes a tensor again from (package_build_child._weights): its values are never read."""
+    return [list(tensor.shape), list(tensor.stride()), str(tensor.dtype).removeprefix("torch."), str(tensor.device),
+            isinstance(tensor, torch.nn.Parameter)]
+
+
+def _placeholder(tensor: torch.Tensor) -> torch.Tensor:
+    placeholder = torch.empty(0, dtype=tensor.dtype)
+    return torch.nn.Parameter(placeholder, requires_grad=False) if isinstance(tensor, torch.nn.Parameter) else placeholder
+
+
+def light_examples(ep: "torch.export.ExportedProgram") -> Tuple["torch.export.ExportedProgram", Optional[List[list]]]:
+    """(`ep`, None), or where its example inputs hold weights (a block graph's lifted weights, weight_inputs.py:
+    the examples are the module's own weights) a copy whose examples are empty placeholders, with each example's
+    layout to make it again (None for a leaf that is not a tensor)."""
+    if not weight_inputs.takes_weights(ep):
+        return ep, None
+    leaves, spec = pytree.tree_flatten(ep.example_inputs)
+    layouts = [_layout(leaf) if isinstance(leaf, torch.Tensor) else None for leaf in leaves]
+    light = copy.copy(ep)
+    light._example_inputs = pytree.tree_unflatten(
+        [_placeholder(leaf) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], spec)
+    return light, layouts
 
 
 class PackageBuild:
@@ -657,8 +676,9 @@ def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, f
     Inductor's kernel compile workers for a GPU program before it reads it (package_build_child.warm_kernel_compilers),
     `compile_threads` of them when `beside` builds start together."""
     light, layout = weightless(ep)
+    light, examples = light_examples(light)
     device = program_device(ep, layout)
-    job = {"weights": layout, "configs": configs, "imports": operator_modules(ep), "isa_cache": str(isa_cache()),
+    job = {"weights": layout, "examples": examples, "configs": configs, "imports": operator_modules(ep), "isa_cache": str(isa_cache()),
            "cxx_link": str(cxx_link_folder()), "device": device, "compile_threads": kernel_compile_threads(beside),
            "nice": 0 if waited else child_priority.niceness()}  # a build the caller waits for keeps its priority
     built_for = None

@@ -1,9 +1,13 @@
-"""Serving every instance of a block structure from one graph: weights bound per call.
+"""Serving every instance of a block structure from one graph: weights passed (or bound) per call.
 
-One AOTInductor runner per graph; before an instance's call its own weights
-are handed to the runner by pointer (`load_constants(..., user_managed=True)`:
-no copy; as views that do not own the memory, backends/borrowed_weights.py),
-so N instances cost one graph in memory and one compile.
+One AOTInductor runner per graph, so N instances cost one graph in memory and
+one compile. A graph built since format 4 takes an instance's weights as
+inputs after the call's tensors (backends/weight_inputs.py): nothing is bound
+and the runtime keeps nothing of them. A graph saved before that holds its
+weights as constants: before an instance's call its own weights are handed to
+the runner by pointer (`load_constants(..., user_managed=True)`: no copy; as
+views that do not own the memory, backends/borrowed_weights.py), and torch's
+runtime keeps a small handle of every tensor so bound.
 
 What a call costs on top of the graph itself (measured on this 2-core CPU,
 torch 2.13, a Flux double block with 32 weight tensors): walking the module
@@ -32,6 +36,7 @@ import torch.utils._pytree as pytree
 
 from ..backends.aot import AotGraph, index_of
 from ..backends.borrowed_weights import BorrowedWeights, bind, borrowed_views
+from ..backends.weight_inputs import with_weights
 from ..backends.base import CompiledGraph, WeightsElsewhere, call_device, weights_elsewhere
 from ..flat_module import MODULE_PREFIX
 from .export import empty_to_none
@@ -150,6 +155,7 @@ class SharedRunner:
         self.lock = getattr(graph, "_lock", None) or threading.Lock()
         self.direct = isinstance(graph, AotGraph) and names is not None and spec is not None
         self._names, self._spec = list(names or ()), spec
+        self._inputs = list(getattr(graph, "weight_inputs", ()) or ()) if self.direct else []
         self._chosen: Dict[int, Tuple[int, BorrowedWeights]] = {}
 
     def _constants(self, weights: InstanceWeights) -> BorrowedWeights:
@@ -167,11 +173,12 @@ class SharedRunner:
     def misplaced(self, weights: InstanceWeights, device: torch.device) -> Optional[str]:
         """Why `weights` cannot be bound for a call on `device` (`base.weights_elsewhere`), or None; every tensor of
         the block is checked where the graph's names are not known (another backend's graph)."""
-        names = self._names if self.direct else list(weights.tensors)
+        names = (self._inputs or self._names) if self.direct else list(weights.tensors)
         return weights_elsewhere({name: weights.tensors.get(name) for name in names}, device)
 
     def run(self, weights: InstanceWeights, tensors: Sequence[torch.Tensor], rebuild, checked: bool = False) -> Any:
-        """Run with `weights` bound; `rebuild(tensors)` gives (args, kwargs) for the generic path. `checked`: the
+        """Run with `weights` (passed as inputs, or bound for a graph that holds them as constants); `rebuild(tensors)`
+        gives (args, kwargs) for the generic path. `checked`: the
         caller has just checked `weights` for this call (per-call tensors are made once a call)."""
         inputs = [t if t.is_contiguous() else t.contiguous() for t in tensors]
         device = call_device(inputs)
@@ -182,6 +189,8 @@ class SharedRunner:
 
             args, kwargs = rebuild(inputs)
             return empty_to_none(self.graph.run(weights.module, FlatCall(args, kwargs)))
+        if self._inputs:
+            return self._run_with_weights(weights, inputs, device)
         with self.lock:
             # The runner of the device the call is on (a block on cuda:1 runs the package loaded there), and
             # whose tensors it holds: the graph keeps that per runner, for its own run() too.
@@ -201,6 +210,25 @@ class SharedRunner:
                 if weights.transient:  # released: the runner's pointers to them must not be used again
                     weights.release()
                     bound.pop(index, None)
+        return self._unflatten(outputs)
+
+    def _run_with_weights(self, weights: InstanceWeights, inputs: List[torch.Tensor], device: torch.device) -> Any:
+        """A graph taking its weights as inputs: the instance's weights passed for this call, nothing bound."""
+        try:
+            misplaced = self.misplaced(weights, device)
+            if misplaced:
+                raise WeightsElsewhere(misplaced)
+            try:
+                flat = with_weights(inputs, weights.tensors, self._inputs)
+            except KeyError as missing:
+                raise RuntimeError(f"the block has no tensor {missing.args[0][len(MODULE_PREFIX):]}") from None
+            with self.lock:  # the runner of the device the call is on (a block on cuda:1 runs the package loaded there)
+                outputs = self.graph.runner_on(index_of(device))(flat)
+        finally:
+            weights.release()  # the call's own tensors (a per-call delta) are the caller's again
+        return self._unflatten(outputs)
+
+    def _unflatten(self, outputs: Any) -> Any:
         if isinstance(outputs, torch.Tensor):
             outputs = [outputs]
         return empty_to_none(pytree.tree_unflatten(list(outputs), self._spec))

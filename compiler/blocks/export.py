@@ -3,8 +3,8 @@
 The block is exported with torch.export (batch and token dimensions dynamic
 with the bounds `tokens.role_bounds` gives), packaged by AOTInductor without
 its weights, and returned as the aot backend's own `AotGraph`, so the graph
-store saves and loads it like any other graph and each instance's weights are
-bound before its call.
+store saves and loads it like any other graph; each instance's weights are
+passed as inputs after the call's tensors (backends/weight_inputs.py).
 
 Tracing uses backed sizes from a probe call whose dynamic sizes are all >= 2
 and differ from each other (`tokens.probe_dims`). Export then assumes those
@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
 
-from ..backends import package_builds
+from ..backends import package_builds, weight_inputs
 from ..backends.aot import (PACKAGE_CONFIG, AotGraph, Built, _guards_from, build_package, read_built,
                             refuse_where_the_loader_crashes, with_phases)
 from ..backends.stack_traces import without_stack_traces
@@ -39,6 +40,8 @@ from ..flat_module import FlatForward, dump_out_spec
 from ..keys import GraphKey
 from ..signature import FlatCall
 from ..subclass_weights import unwrap_subclass_weights
+
+log = logging.getLogger("keepfast")
 
 Bounds = List[Dict[int, Tuple[int, int]]]
 Progress = Callable[[str, float], None]
@@ -97,6 +100,7 @@ class TracedBlock:
     call: FlatCall
     bounds: Bounds
     key: GraphKey
+    weight_inputs: List[str] = field(default_factory=list)  # the weights the graph takes after the call's tensors
 
 
 def trace_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: GraphKey,
@@ -137,7 +141,12 @@ def trace_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: Gr
     out_spec = dump_out_spec(flat.out_spec)
     if out_spec is None:
         raise CompileFailed("the block's output structure cannot be saved")
-    return TracedBlock(program, guards, out_spec, call, bounds, key)
+    try:  # after the guards: they read the call's own inputs
+        program, names = weight_inputs.lift_weights(program)
+    except weight_inputs.CannotLift as why:
+        log.info("%s: weights kept as constants, bound per call: %s", key.family.architecture, why)
+        names = []
+    return TracedBlock(program, guards, out_spec, call, bounds, key, names)
 
 
 def package_block(traced: TracedBlock, built: Built,
@@ -149,7 +158,7 @@ def package_block(traced: TracedBlock, built: Built,
 
     def build(guard_list: List[str]) -> AotGraph:
         info = PackageInfo(guards=list(guard_list), out_spec=traced.out_spec, input_paths=call.tensor_paths,
-                           constant_names=names, needs=needs)
+                           constant_names=names, needs=needs, weight_inputs=list(traced.weight_inputs))
         return AotGraph(key.with_variant(guard_list), package, info, origin="compiled")
 
     try:
@@ -213,7 +222,7 @@ def block_for_build(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key
     seconds among it)."""
     started = time.perf_counter()
     block = trace_block(module, call, bounds, key, forward, tracing)
-    return block.program, {"guards": block.guards, "out_spec": block.out_spec,
+    return block.program, {"guards": block.guards, "out_spec": block.out_spec, "weight_inputs": block.weight_inputs,
                            "export_s": round(time.perf_counter() - started, 2)}
 
 
@@ -238,7 +247,7 @@ class BlockBuild:
         """What the trace found (once the build finished): its program stays with the build."""
         found = self.build.traced or {}
         return TracedBlock(None, list(found.get("guards", [])), found.get("out_spec", ""), self.call, self.bounds,
-                           self.key)
+                           self.key, list(found.get("weight_inputs", [])))
 
     @property
     def together(self) -> bool:
