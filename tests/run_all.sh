@@ -5,7 +5,7 @@
 #  2. a part of the main suite under torch 2.11 (what the CUDA 13 GPU images and the oldest torch the
 #     pack takes have) in .venv-torch211: the SD and upcast-VAE API orders, the torch check, the real-depth SDXL UNet,
 #     Triton's kernel builds for a GPU target and the kernels Inductor writes for one (triton is in that torch's
-#     wheels, not in the CPU 2.13's)
+#     wheels, not in the CPU 2.13's), a block program with its weights lifted to inputs (torch's IR internals)
 #     (TORCH211_TESTS; the real-depth SD1.5 UNet and VAE run under 2.13 in the main suite). PyPI has only a
 #     CUDA build of 2.11 (about 4.6 GB, a minute to install here); KEEPFAST_SKIP_TORCH211=1 skips it;
 #  3. the OneFlow backend tests in .venv-oneflow (Python 3.10, oneflow 0.9.0), built by
@@ -85,7 +85,8 @@ TORCH211_TESTS=(tests/test_torch_support.py "$REAL_DEPTH_SDXL"
   tests/test_api_sequences.py::test_float16_pipe_whose_vae_runs_upcast_compiles_nothing
   tests/test_api_sequences.py::test_positional_and_keyword_calls_are_one_graph
   tests/test_gpu_host_isa.py::test_a_build_without_a_host_isa_probes_none_and_its_package_still_computes
-  tests/test_kernel_builds.py tests/test_gpu_reductions.py)
+  tests/test_kernel_builds.py tests/test_gpu_reductions.py
+  tests/test_block_weight_inputs.py::test_a_lifted_program_takes_every_weight_after_the_call_and_its_package_computes_as_eager)
 # The OneFlow tests (one process, about a minute) run beside the torch 2.11 leg, whose two workers rarely end
 # together: they take the core the first one to finish leaves. Their output follows the leg's. They start once
 # their environment is set up, which the torch 2.11 leg does not wait for (its setup is the smaller one).
