@@ -114,6 +114,8 @@ def test_code_made_tensors_are_rebuilt_into_the_graph():
                 y = torch.randn(*shape)
                 got, _ = _run(graph, module, y)
                 assert float((got - module(y)).abs().max()) < TOLERANCE
+                # the graph's own run (the path for other runners) passes the module's weights the same way
+                assert float((graph.run(module, _call(y)) - module(y)).abs().max()) < TOLERANCE
 
 
 def test_subclass_weights_bind_by_their_parts_and_per_call_tensors_beside_them():

@@ -211,6 +211,19 @@ def size_one_disagreement(graph: "AotGraph", module, flat: FlatForward, call: Fl
     return None if agreement.ok else agreement.describe()
 
 
+def _placed(tensors: Dict[str, torch.Tensor], names: List[str], device: torch.device) -> Dict[str, torch.Tensor]:
+    """The module's tensors a graph reads, by name; CompileFailed names one the module lacks, WeightsElsewhere one
+    elsewhere than the call's `device` (the call then runs eager)."""
+    try:
+        chosen = {name: tensors[name] for name in names}
+    except KeyError as missing:
+        raise CompileFailed(f"the module has no tensor {missing.args[0][len(MODULE_PREFIX):]}") from None
+    misplaced = weights_elsewhere(chosen, device)
+    if misplaced:
+        raise WeightsElsewhere(misplaced)
+    return chosen
+
+
 class AotGraph(CompiledGraph):
     def __init__(self, key: GraphKey, package_bytes: bytes, info: PackageInfo, origin: str):
         self.key = key
@@ -288,28 +301,14 @@ class AotGraph(CompiledGraph):
         snapshot = snapshot_of(module)  # the module's tensors, walked again only where they changed
         token = snapshot.token
         if token != self._bound.get(index):
-            tensors = snapshot.tensors()
-            try:
-                chosen = {name: tensors[name] for name in self._names}
-            except KeyError as missing:
-                raise CompileFailed(f"the module has no tensor {missing.args[0][len(MODULE_PREFIX):]}") from None
-            misplaced = weights_elsewhere(chosen, device)
-            if misplaced:
-                raise WeightsElsewhere(misplaced)
+            chosen = _placed(snapshot.tensors(), self._names, device)
             bind(runner, borrowed_views(chosen), check_full_update=True)  # by pointer, never kept (borrowed_weights.py)
             self._bound[index] = token
         return runner
 
     def _with_weights(self, module: torch.nn.Module, inputs: List[torch.Tensor], device: torch.device) -> list:
         """A graph taking its weights as inputs: the call's tensors, then `module`'s weights (nothing bound)."""
-        tensors = snapshot_of(module).tensors()
-        try:
-            weights = {name: tensors[name] for name in self.weight_inputs}
-        except KeyError as missing:
-            raise CompileFailed(f"the module has no tensor {missing.args[0][len(MODULE_PREFIX):]}") from None
-        misplaced = weights_elsewhere(weights, device)
-        if misplaced:
-            raise WeightsElsewhere(misplaced)
+        weights = _placed(snapshot_of(module).tensors(), self.weight_inputs, device)
         return weight_inputs.with_weights(inputs, weights, self.weight_inputs)
 
     def run(self, module: torch.nn.Module, call: FlatCall, replay: bool = False) -> Any:
