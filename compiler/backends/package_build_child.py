@@ -58,26 +58,27 @@ def _load_first(folder: str, package: str, kind: str) -> dict:
     return {"load_check_s": round(time.perf_counter() - began, 2)}
 
 
-def _weights(spec: dict):
+def _made(layout: list):
+    """A tensor with no values made from its layout (package_builds._layout): shape, stride, dtype, device, whether
+    a Parameter."""
     import torch
 
-    made = {}
-    for name, (shape, stride, dtype, device, parameter) in spec.items():
-        tensor = torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device=device)
-        made[name] = torch.nn.Parameter(tensor, requires_grad=False) if parameter else tensor
-    return made
+    shape, stride, dtype, device, parameter = layout
+    tensor = torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device=device)
+    return torch.nn.Parameter(tensor, requires_grad=False) if parameter else tensor
+
+
+def _weights(spec: dict):
+    return {name: _made(layout) for name, layout in spec.items()}
 
 
 def _examples(examples, layouts: list):
     """The program's example inputs made again from their layouts (the parent sent placeholders, as for weights)."""
-    import torch
     import torch.utils._pytree as pytree
 
     leaves, spec = pytree.tree_flatten(examples)
-    made = [leaf if layout is None else torch.empty_strided(layout[0], layout[1], dtype=getattr(torch, layout[2]),
-                                                           device=layout[3])
-            for leaf, layout in zip(leaves, layouts)]
-    return pytree.tree_unflatten(made, spec)
+    return pytree.tree_unflatten([leaf if layout is None else _made(layout) for leaf, layout in zip(leaves, layouts)],
+                                 spec)
 
 
 @functools.lru_cache(maxsize=None)

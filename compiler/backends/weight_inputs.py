@@ -14,7 +14,7 @@ tensor-subclass weight: whatever the block's trace lifted, under the names a blo
 into user inputs after the call's own, so the package takes `[*call tensors, *weights]`, in `names` order.
 The program is built anew as program_split.py builds its parts (its signature, call spec and examples), from the
 traced graph unchanged; the examples of the weights are the weights themselves (no copy; a build process
-is sent their layout only, package_builds.weightless).
+is sent their layout only, package_builds.light_examples).
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ def lift_weights(program: "torch.export.ExportedProgram") -> Tuple["torch.export
         raise CannotLift("the program takes inputs other than tensors")
     if not lifted:
         return program, []
+    (call_args, call_kwargs) = program.example_inputs or ((), {})
+    if call_kwargs or len(call_args) != 1:
+        raise CannotLift("the program's call is not one list of tensors")
     values = []
     for spec in lifted:
         value = program.state_dict.get(spec.target, program.constants.get(spec.target))  # non-persistent: constants
@@ -61,6 +64,7 @@ def lift_weights(program: "torch.export.ExportedProgram") -> Tuple["torch.export
     written = _written_weight(graph, {placeholders[spec.arg.name]: spec.target for spec in lifted})
     if written is not None:  # torch.export's own IR keeps in-place ops: a weight an input would change the caller's
         raise CannotLift(f"the block writes its tensor {written}")
+    # every check is above: from here the traced graph is changed, and a program refused here must stay as traced
     ordered = [placeholders[spec.arg.name] for spec in users + lifted]
     first = next(iter(graph.nodes))
     if ordered[0] is not first:
@@ -73,9 +77,6 @@ def lift_weights(program: "torch.export.ExportedProgram") -> Tuple["torch.export
     lifted_names = {spec.target for spec in lifted}
     input_specs = users + [InputSpec(kind=InputKind.USER_INPUT, arg=TensorArgument(name=spec.arg.name), target=None)
                            for spec in lifted]
-    (call_args, call_kwargs) = program.example_inputs or ((), {})
-    if call_kwargs or len(call_args) != 1:
-        raise CannotLift("the program's call is not one list of tensors")
     examples = ((list(call_args[0]), values), {})
     lifted_program = torch.export.ExportedProgram(
         root=program.graph_module, graph=graph,
