@@ -16,6 +16,10 @@ NEUTRAL_OPTION_KEYS = frozenset({
     "wrappers", "callbacks", "cond_or_uncond", "uuids", "sigmas", "sample_sigmas", "original_shape",
     "transformer_index", "block", "block_index", "total_blocks", "block_type", "activations_shape",
 })
+# Keys read only by wrappers around the model, never inside it: ComfyUI's step caches (EasyCache, LazyCache:
+# comfy_extras/nodes_easycache.py) keep their state here and decide, outside the model's call, whether a step
+# calls the model at all. A step they run computes what the model computes, so a graph serves it.
+OUTSIDE_OPTION_KEYS = frozenset({"easycache"})
 # Keys whose value is a dict of patch lists: only non-empty entries matter.
 PATCH_OPTION_KEYS = ("patches", "patches_replace")
 
@@ -34,7 +38,7 @@ def options_reason(options: Optional[dict]) -> Optional[str]:
         return None
     found = []
     for key, value in options.items():
-        if key in NEUTRAL_OPTION_KEYS or _is_empty(value):
+        if key in NEUTRAL_OPTION_KEYS or key in OUTSIDE_OPTION_KEYS or _is_empty(value):
             continue
         if key in PATCH_OPTION_KEYS and isinstance(value, dict):
             names = sorted(str(name) for name, entry in value.items() if not _is_empty(entry))

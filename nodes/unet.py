@@ -279,7 +279,21 @@ def speed_up(model, settings: Settings):
     runner = UnetRunner(settings, clone.model, clone.load_device)
     clone.add_wrapper_with_key(WrappersMP.APPLY_MODEL, KEY, runner.apply_model_wrapper)
     clone.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, KEY, runner.diffusion_model_wrapper)
+    _outermost(clone, WrappersMP.DIFFUSION_MODEL)
     return clone, runner
+
+
+def _outermost(model, wrapper_type: str) -> None:
+    """Put the pack's wrapper first among the model's wrappers of `wrapper_type` (ComfyUI runs them in order, the
+    first outermost).
+
+    Why: a wrapper outside ours may answer a call without calling the next one (EasyCache's skipped steps), so
+    ours would not see that call and could not tell it from a model type without the hook. First, ours sees every
+    call and runs the other packs' wrappers inside it, with the graph in the model's place at their end
+    (`diffusion_model_wrapper`): what they compute, and in which order, is unchanged."""
+    wrappers = model.wrappers.get(wrapper_type)
+    if wrappers and KEY in wrappers:
+        model.wrappers[wrapper_type] = {KEY: wrappers[KEY], **{k: v for k, v in wrappers.items() if k != KEY}}
 
 
 def family_here(model, signature: str) -> FamilyKey:

@@ -57,6 +57,26 @@ def test_bookkeeping_options_compile():
     assert options_reason({}) is None and options_reason(None) is None
 
 
+def test_step_cache_state_read_outside_the_model_compiles():
+    """EasyCache and LazyCache keep their state in transformer_options and read it in wrappers around the model."""
+    assert options_reason({"easycache": object(), "uuids": ["a"]}) is None
+    assert "rope_options" in options_reason({"easycache": object(), "rope_options": {"scale": 2}})
+
+
+def test_the_packs_wrapper_is_put_outermost_keeping_the_others_order():
+    """A wrapper outside ours could answer a call (a skipped step) without ours seeing it (nodes/unet.py)."""
+    import types
+
+    first, second = print, repr
+    model = types.SimpleNamespace(wrappers={"diffusion_model": {"easycache": [first], _unet.KEY: [len],
+                                                                "other": [second]}, "apply_model": {}})
+    _unet._outermost(model, "diffusion_model")
+    assert list(model.wrappers["diffusion_model"].items()) == [(_unet.KEY, [len]), ("easycache", [first]),
+                                                               ("other", [second])]
+    _unet._outermost(model, "apply_model")  # no wrappers of that kind: nothing to reorder
+    assert model.wrappers["apply_model"] == {}
+
+
 @pytest.mark.parametrize("options, named", [
     ({"patches": {"output_block_patch": [print]}}, "patches (output_block_patch)"),
     ({"patches_replace": {"attn2": {("input", 1, 0): print}}}, "patches_replace (attn2)"),

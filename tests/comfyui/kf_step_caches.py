@@ -1,0 +1,119 @@
+"""ComfyUI's step caches (EasyCache, LazyCache) with Model Speedup, in ComfyUI's own Python; run by
+test_comfyui_step_caches.py.
+
+    python kf_step_caches.py PACK_DIR BASE_DIR FAMILY
+
+Users ask for a caching accelerator and a compiler together (peers.md: ComfyUI #14795, WaveSpeed #131). The
+caches are ComfyUI's own nodes (comfy_extras/nodes_easycache.py): EasyCache wraps the diffusion model's call
+(the same DIFFUSION_MODEL hook the pack's node uses), LazyCache the sampler's noise prediction. A step they
+skip never calls the model; a step they run must be served by the pack's graphs, whichever node comes first in
+the workflow. FAMILY is an SD-style UNet (`sd15`: one whole-model graph) or a transformer (`flux`: block
+graphs). For each cache and each order, a 10-step sample is compared with the same cache on the model without
+the pack's node: the latent, the steps each skipped (ComfyUI's log line), the compiles, fallbacks and the calls
+the pack served from graphs and eagerly. Prints one JSON object after "KEEPFAST-RESULT ".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+
+from kf_inprocess import BLOCKING_BUILD, comfy_with_pack  # noqa: E402  (this script's folder is on sys.path)
+
+RANGE = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, save_compiled=False,
+             backend="aot", build=BLOCKING_BUILD)
+STEPS = 10
+# (width, height, batch, text tokens): the warm-up's call, then the caches' (another size: served, not compiled).
+WARM = (128, 128, 1, 7)
+CALL = (192, 128, 1, 7)
+# The most a cache node takes: on random weights the change rates are not a real model's, and a high threshold
+# makes each cache skip steps (the test asserts it did, so a cache that skipped nothing cannot pass unnoticed).
+CACHE = dict(reuse_threshold=3.0, start_percent=0.15, end_percent=0.95, verbose=False)
+SKIPPED = re.compile(r"(EasyCache|LazyCache) - skipped (\d+)/(\d+) steps")
+
+
+class _SkipLog(logging.Handler):
+    """ComfyUI's own summary of each sample: 'EasyCache - skipped 4/10 steps (1.67x speedup).'"""
+
+    def __init__(self):
+        super().__init__()
+        self.skipped: list = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = SKIPPED.search(record.getMessage())
+        if match:
+            self.skipped.append(int(match.group(2)))
+
+
+def main(pack: str, base: str, family_name: str) -> dict:
+    name, nodes = comfy_with_pack(pack, base)
+    from comfy_extras import nodes_easycache
+
+    runtime = sys.modules[name + ".nodes.runtime"]
+    blocks = sys.modules[name + ".nodes.blocks"]
+    from compiler.testing import comfy_families as F
+
+    registry = runtime.registry()
+    family = F.build(family_name, seed=0)
+    skips = _SkipLog()
+    logging.getLogger().addHandler(skips)
+    logging.getLogger().setLevel(logging.INFO)
+    module = family.patcher.get_model_object("diffusion_model")
+    out = {"family": family_name}
+
+    def served() -> dict:
+        counts = runtime.stats()["counts"]
+        engine = blocks.existing_engine(module)
+        found = {k: registry.log.counts.get(k, 0) for k in ("compile", "fallback", "refused")}
+        found.update(graph_calls=counts["unet_graph_calls"], eager_calls=counts["unet_eager_calls"],
+                     block_graph_calls=engine.graph_calls if engine else 0,
+                     block_eager_calls=engine.eager_calls if engine else 0)
+        return found
+
+    def delta(before: dict) -> dict:
+        now = served()
+        return {k: now[k] - before[k] for k in now}
+
+    def sample(model, call, seed=3):
+        width, height, batch, text = call
+        latent = family.latent(width, height, batch=batch, frames=1)
+        positive, negative = family.conditioning(text, seed=1), family.conditioning(text, seed=2)
+        return F.sample(family, positive, negative, latent, steps=STEPS, seed=seed, model=model)
+
+    cache_nodes = {"EasyCache": nodes_easycache.EasyCacheNode, "LazyCache": nodes_easycache.LazyCacheNode}
+
+    def cached(cache: str, model):
+        return cache_nodes[cache].execute(model=model, **CACHE).args[0]
+
+    fast = nodes["KeepFastModelSpeedup"].execute(model=family.patcher, **RANGE).args[0]
+    before = served()
+    sample(fast, WARM)
+    out["warm"] = delta(before)
+    engine = blocks.existing_engine(module)
+    out["blocks"] = sum(len(group.instances) for group in engine.groups) if engine else 0
+
+    rows = []
+    for cache in cache_nodes:
+        before, skips.skipped = served(), []
+        want = sample(cached(cache, family.patcher), CALL)
+        reference = {"skipped": list(skips.skipped), "events": delta(before)}
+        for order in ("cache, then speedup", "speedup, then cache"):
+            if order == "cache, then speedup":
+                model = nodes["KeepFastModelSpeedup"].execute(model=cached(cache, family.patcher), **RANGE).args[0]
+            else:
+                model = cached(cache, fast)
+            before, skips.skipped = served(), []
+            got = sample(model, CALL)
+            rows.append({"cache": cache, "order": order, "diff": float((got - want).abs().max()),
+                         "scale": float(want.abs().max()), "skipped": list(skips.skipped),
+                         "reference": reference, "events": delta(before)})
+    out["rows"] = rows
+    out["fallbacks"] = [e.reason for e in registry.events if e.kind == "fallback"]
+    return out
+
+
+if __name__ == "__main__":
+    result = main(*sys.argv[1:4])
+    print("KEEPFAST-RESULT " + json.dumps(result))

@@ -1,0 +1,68 @@
+"""ComfyUI's step caches (EasyCache, LazyCache) together with Model Speedup (needs COMFYUI_PATH).
+
+A cache node skips some sampling steps; the steps it runs must come from the pack's graphs, in either node order,
+with the same steps skipped and the same latent as the cache on the model without the pack's node. Run in
+ComfyUI's Python by kf_step_caches.py for an SD-style UNet (one whole-model graph) and Flux (block graphs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+import kf_support as S
+
+if not S.comfyui_available():
+    pytest.skip(S.SKIP_REASON, allow_module_level=True)
+
+pytestmark = pytest.mark.comfyui
+
+STEPS = 10  # kf_step_caches.STEPS
+ORDERS = {"cache, then speedup", "speedup, then cache"}
+
+
+@pytest.fixture(scope="module", params=["sd15", "flux"])
+def findings(request, tmp_path_factory) -> dict:
+    base = tmp_path_factory.mktemp(f"step-caches-{request.param}")
+    (base / "models" / "graphs").mkdir(parents=True)
+    result = subprocess.run(
+        [S.PYTHON, str(S.HERE / "kf_step_caches.py"), str(S.REPO), str(base), request.param],
+        cwd=S.COMFYUI_PATH, capture_output=True, text=True, timeout=1800,
+        env={**os.environ, "COMFYUI_PATH": S.COMFYUI_PATH, "KEEPFAST_TRUST_FILE": str(base / "trust.json")})
+    lines = [line for line in result.stdout.splitlines() if line.startswith("KEEPFAST-RESULT ")]
+    assert result.returncode == 0 and lines, result.stdout[-3000:] + result.stderr[-6000:]
+    return json.loads(lines[-1][len("KEEPFAST-RESULT "):])
+
+
+def _graph_calls(findings: dict, events: dict) -> int:
+    """Model calls served by graphs: one a step run (cond and uncond batched), or one a block a step."""
+    return events["block_graph_calls"] // findings["blocks"] if findings["blocks"] else events["graph_calls"]
+
+
+def test_every_cache_and_order_was_run(findings):
+    assert {(row["cache"], row["order"]) for row in findings["rows"]} == {
+        (cache, order) for cache in ("EasyCache", "LazyCache") for order in ORDERS}
+    assert findings["warm"]["compile"] >= 1 and _graph_calls(findings, findings["warm"]) == STEPS
+
+
+def test_each_cache_skips_the_same_steps_as_on_the_model_alone(findings):
+    for row in findings["rows"]:
+        assert len(row["skipped"]) == 1 and 0 < row["skipped"][0] < STEPS, row
+        assert row["skipped"] == row["reference"]["skipped"], row
+
+
+def test_the_steps_a_cache_runs_are_served_by_graphs_with_no_compile(findings):
+    for row in findings["rows"]:
+        events = row["events"]
+        assert events["compile"] == 0 and events["fallback"] == 0 and events["refused"] == 0, row
+        assert events["eager_calls"] == 0 and events["block_eager_calls"] == 0, row
+        assert _graph_calls(findings, events) == STEPS - row["skipped"][0], row
+    assert findings["fallbacks"] == []
+
+
+def test_the_latent_matches_the_cache_without_the_pack(findings):
+    for row in findings["rows"]:
+        assert row["diff"] <= 1e-4 * max(1.0, row["scale"]), row
