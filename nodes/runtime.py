@@ -193,6 +193,11 @@ def send(event: str, data: dict) -> None:
         pass
 
 
+def inform(text: str) -> None:
+    """Something a user should know that changes no call's outcome (each call still served as before): a note."""
+    registry().record(NOTE, "-", text)
+
+
 def note(text: str) -> None:
     """Something the nodes found that a user must know (a model served uncompiled and why): a fallback event."""
     registry().record(FALLBACK, "-", text)

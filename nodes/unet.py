@@ -37,7 +37,7 @@ from ..compiler.binding import CallBinder
 from ..compiler.blocks import BlockEngine, BlockOptions
 from ..compiler.keys import FamilyKey
 from ..compiler.structure import architecture_name
-from . import blocks, runtime
+from . import blocks, other_compilers, runtime
 from .attention import graph_attention_options
 from .patches import side_inputs_reason
 from .sizes import clamp, latent_range
@@ -120,6 +120,7 @@ class UnetRunner:
         self._block_options: Dict[int, BlockOptions] = {}
         self._hook_seen = False
         self._no_hook_reported = False
+        self._torch_compile_reported = False
 
     # -- the compiled forward ------------------------------------------------
     def options(self) -> CompileOptions:
@@ -176,6 +177,12 @@ class UnetRunner:
 
     # -- wrappers -------------------------------------------------------------
     def apply_model_wrapper(self, executor, *args, **kwargs):
+        compile_wrappers = other_compilers.torch_compile_wrappers(args, kwargs)
+        if compile_wrappers:
+            executor = other_compilers.without(executor, compile_wrappers)
+            if not self._torch_compile_reported:
+                self._torch_compile_reported = True
+                runtime.inform(other_compilers.NOTE)
         engine = self.block_engine(getattr(executor.class_obj, "diffusion_model", None))
         if engine is not None:
             if not engine.prepared:
@@ -279,6 +286,7 @@ def speed_up(model, settings: Settings):
     runner = UnetRunner(settings, clone.model, clone.load_device)
     clone.add_wrapper_with_key(WrappersMP.APPLY_MODEL, KEY, runner.apply_model_wrapper)
     clone.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, KEY, runner.diffusion_model_wrapper)
+    _outermost(clone, WrappersMP.APPLY_MODEL)
     _outermost(clone, WrappersMP.DIFFUSION_MODEL)
     return clone, runner
 
@@ -288,9 +296,11 @@ def _outermost(model, wrapper_type: str) -> None:
     first outermost).
 
     Why: a wrapper outside ours may answer a call without calling the next one (EasyCache's skipped steps), so
-    ours would not see that call and could not tell it from a model type without the hook. First, ours sees every
-    call and runs the other packs' wrappers inside it, with the graph in the model's place at their end
-    (`diffusion_model_wrapper`): what they compute, and in which order, is unchanged."""
+    ours would not see that call and could not tell it from a model type without the hook; and TorchCompileModel's
+    apply_model wrapper, outside ours, would have swapped the model for its torch.compile before ours could skip
+    it (other_compilers.py). First, ours sees every call and runs the other packs' wrappers inside it, with the
+    graph in the model's place at their end (`diffusion_model_wrapper`): what they compute, and in which order, is
+    unchanged."""
     wrappers = model.wrappers.get(wrapper_type)
     if wrappers and KEY in wrappers:
         model.wrappers[wrapper_type] = {KEY: wrappers[KEY], **{k: v for k, v in wrappers.items() if k != KEY}}
