@@ -16,10 +16,12 @@ NEUTRAL_OPTION_KEYS = frozenset({
     "wrappers", "callbacks", "cond_or_uncond", "uuids", "sigmas", "sample_sigmas", "original_shape",
     "transformer_index", "block", "block_index", "total_blocks", "block_type", "activations_shape",
 })
-# Keys read only by wrappers around the model, never inside it: ComfyUI's step caches (EasyCache, LazyCache:
-# comfy_extras/nodes_easycache.py) keep their state here and decide, outside the model's call, whether a step
-# calls the model at all. A step they run computes what the model computes, so a graph serves it.
-OUTSIDE_OPTION_KEYS = frozenset({"easycache"})
+# Keys read only by wrappers and callbacks around the model, never inside it (no model under comfy/ldm reads
+# them): ComfyUI's step caches (EasyCache, LazyCache: comfy_extras/nodes_easycache.py) keep their state here and
+# decide, outside the model's call, whether a step calls the model at all; its context windows
+# (comfy/context_windows.py) name the window being sampled for their callbacks, the window's latent and conditions
+# being the call's inputs. A call they make computes what the model computes, so a graph serves it.
+OUTSIDE_OPTION_KEYS = frozenset({"easycache", "context_window"})
 # Keys whose value is a dict of patch lists: only non-empty entries matter.
 PATCH_OPTION_KEYS = ("patches", "patches_replace")
 

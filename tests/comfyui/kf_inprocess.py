@@ -23,7 +23,19 @@ from compiler.testing.comfy_pack import comfy_with_pack, load_pack  # noqa: E402
 # compiles use it (the default builds in the background; test_comfyui_background.py and the server's
 # queue-twice test cover that).
 BLOCKING_BUILD = "before the first image"
-__all__ = ["BLOCKING_BUILD", "comfy_with_pack", "load_pack", "capture_server", "main"]
+__all__ = ["BLOCKING_BUILD", "comfy_with_pack", "load_pack", "capture_server", "served_calls", "main"]
+
+
+def served_calls(pack_name: str, module) -> dict:
+    """The pack's counts so far for one diffusion model: compiles, fallbacks, refusals and notes, and its calls
+    served from graphs and eagerly (whole-model, and block by block where it has a block engine)."""
+    runtime, blocks = sys.modules[pack_name + ".nodes.runtime"], sys.modules[pack_name + ".nodes.blocks"]
+    counts, engine = runtime.stats()["counts"], blocks.existing_engine(module)
+    found = {k: runtime.registry().log.counts.get(k, 0) for k in ("compile", "fallback", "refused", "note")}
+    found.update(graph_calls=counts["unet_graph_calls"], eager_calls=counts["unet_eager_calls"],
+                 block_graph_calls=engine.graph_calls if engine else 0,
+                 block_eager_calls=engine.eager_calls if engine else 0)
+    return found
 
 
 def capture_server(utils, runtime):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 
-from kf_inprocess import BLOCKING_BUILD, comfy_with_pack  # noqa: E402  (this script's folder is on sys.path)
+from kf_inprocess import BLOCKING_BUILD, comfy_with_pack, served_calls  # noqa: E402  (this script's folder is on sys.path)
 
 RANGE = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, save_compiled=False,
              backend="aot", build=BLOCKING_BUILD)
@@ -52,13 +52,7 @@ def main(pack: str, base: str, family_name: str) -> dict:
         return nodes["KeepFastModelSpeedup"].execute(model=model, **RANGE).args[0]
 
     def served() -> dict:
-        counts = runtime.stats()["counts"]
-        engine = blocks.existing_engine(module)
-        found = {k: registry.log.counts.get(k, 0) for k in ("compile", "fallback", "refused", "note")}
-        found.update(graph_calls=counts["unet_graph_calls"], eager_calls=counts["unet_eager_calls"],
-                     block_graph_calls=engine.graph_calls if engine else 0,
-                     block_eager_calls=engine.eager_calls if engine else 0, torch_compile_calls=torch_compile_calls[0])
-        return found
+        return {**served_calls(name, module), "torch_compile_calls": torch_compile_calls[0]}
 
     def sample(model, call):
         width, height, batch, text = call

@@ -67,6 +67,20 @@ SKIP_REASON = ("COMFYUI_PATH is not set: the ComfyUI integration tests need a Co
                "at ComfyUI/venv, ComfyUI/.venv or ComfyUI-venv beside it)")
 
 
+def run_script(script: str, base: Path, *args: str, timeout: int = 1800) -> dict:
+    """Run one of the kf_*.py scripts in ComfyUI's Python (the pack, `base` as ComfyUI's base directory, then
+    `args`) with its own trust file in `base`; its findings, the JSON it printed after "KEEPFAST-RESULT "."""
+    import json
+    import subprocess
+
+    result = subprocess.run(
+        [PYTHON, str(HERE / script), str(REPO), str(base), *args], cwd=COMFYUI_PATH, capture_output=True, text=True,
+        timeout=timeout, env={**os.environ, "COMFYUI_PATH": COMFYUI_PATH, "KEEPFAST_TRUST_FILE": str(base / "trust.json")})
+    lines = [line for line in result.stdout.splitlines() if line.startswith("KEEPFAST-RESULT ")]
+    assert result.returncode == 0 and lines, result.stdout[-3000:] + result.stderr[-6000:]
+    return json.loads(lines[-1][len("KEEPFAST-RESULT "):])
+
+
 def comfyui_available() -> bool:
     return bool(COMFYUI_PATH) and (Path(COMFYUI_PATH) / "main.py").is_file() and np is not None
 

@@ -57,9 +57,11 @@ def test_bookkeeping_options_compile():
     assert options_reason({}) is None and options_reason(None) is None
 
 
-def test_step_cache_state_read_outside_the_model_compiles():
-    """EasyCache and LazyCache keep their state in transformer_options and read it in wrappers around the model."""
+def test_state_read_outside_the_model_compiles():
+    """EasyCache and LazyCache keep their state in transformer_options, context windows name their window there; both
+    are read in wrappers and callbacks around the model."""
     assert options_reason({"easycache": object(), "uuids": ["a"]}) is None
+    assert options_reason({"context_window": object()}) is None  # ComfyUI's context windows name their window
     assert "rope_options" in options_reason({"easycache": object(), "rope_options": {"scale": 2}})
 
 

@@ -8,10 +8,6 @@ ComfyUI's Python by kf_other_compilers.py for SD1.5 (a whole-model graph) and Fl
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-
 import pytest
 
 import kf_support as S
@@ -28,13 +24,7 @@ STEPS = 2  # kf_other_compilers: two sampling steps a call
 def findings(request, tmp_path_factory) -> dict:
     base = tmp_path_factory.mktemp(f"other-compilers-{request.param}")
     (base / "models" / "graphs").mkdir(parents=True)
-    result = subprocess.run(
-        [S.PYTHON, str(S.HERE / "kf_other_compilers.py"), str(S.REPO), str(base), request.param],
-        cwd=S.COMFYUI_PATH, capture_output=True, text=True, timeout=1800,
-        env={**os.environ, "COMFYUI_PATH": S.COMFYUI_PATH, "KEEPFAST_TRUST_FILE": str(base / "trust.json")})
-    lines = [line for line in result.stdout.splitlines() if line.startswith("KEEPFAST-RESULT ")]
-    assert result.returncode == 0 and lines, result.stdout[-3000:] + result.stderr[-6000:]
-    return json.loads(lines[-1][len("KEEPFAST-RESULT "):])
+    return S.run_script("kf_other_compilers.py", base, request.param)
 
 
 def test_the_packs_graphs_serve_every_call_in_either_order(findings):

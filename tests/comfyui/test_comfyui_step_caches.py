@@ -7,10 +7,6 @@ ComfyUI's Python by kf_step_caches.py for an SD-style UNet (one whole-model grap
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-
 import pytest
 
 import kf_support as S
@@ -28,13 +24,7 @@ ORDERS = {"cache, then speedup", "speedup, then cache"}
 def findings(request, tmp_path_factory) -> dict:
     base = tmp_path_factory.mktemp(f"step-caches-{request.param}")
     (base / "models" / "graphs").mkdir(parents=True)
-    result = subprocess.run(
-        [S.PYTHON, str(S.HERE / "kf_step_caches.py"), str(S.REPO), str(base), request.param],
-        cwd=S.COMFYUI_PATH, capture_output=True, text=True, timeout=1800,
-        env={**os.environ, "COMFYUI_PATH": S.COMFYUI_PATH, "KEEPFAST_TRUST_FILE": str(base / "trust.json")})
-    lines = [line for line in result.stdout.splitlines() if line.startswith("KEEPFAST-RESULT ")]
-    assert result.returncode == 0 and lines, result.stdout[-3000:] + result.stderr[-6000:]
-    return json.loads(lines[-1][len("KEEPFAST-RESULT "):])
+    return S.run_script("kf_step_caches.py", base, request.param)
 
 
 def _graph_calls(findings: dict, events: dict) -> int:
