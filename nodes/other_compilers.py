@@ -3,10 +3,11 @@
 Why: TorchCompileModel (comfy_api/torch_helpers/torch_compile.py) puts an APPLY_MODEL wrapper on the model that,
 for each call, swaps the diffusion model (or the blocks named in its keys) for a `torch.compile` of it. Under the
 pack's node that compile would trace into the pack's own serving code (the diffusion model's wrapper hook runs
-inside its forward): seen on the CPU with ComfyUI's tiny SD1.5, a first call of 374 s against about 60 s,
+inside its forward): seen on the CPU with ComfyUI's tiny SD1.5, a first call of 374 s (76 s with it skipped),
 torch.compile's recompile limit hit in the pack's build code, and graph breaks in its first-use check. Two
-compilers on one model cannot both serve it. The pack's node serves it and runs the rest of the wrapper chain
-without the torch.compile wrapper, saying so once (a note: the call is compiled, by the pack's graphs).
+compilers on one model cannot both serve it. The pack's node serves it (from its graphs, or uncompiled with its
+own stated reason where none serves, as without TorchCompileModel) and runs the rest of the wrapper chain without
+the torch.compile wrapper, saying so once: a note, since no call's outcome changes.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from typing import Any, Callable, List
 
 # comfy_api/torch_helpers/torch_compile.py COMPILE_KEY: the key of TorchCompileModel's APPLY_MODEL wrapper
 TORCH_COMPILE_KEY = "torch.compile"
-NOTE = ("TorchCompileModel (torch.compile) is also on this model: the pack's graphs serve the diffusion model and "
-        "its torch.compile is skipped (it would compile the pack's own code around the graphs); remove one of "
-        "the two nodes")
+NOTE = ("TorchCompileModel (torch.compile) is also on this model: KeepFast serves the diffusion model and its "
+        "torch.compile is skipped (it would compile the pack's own code around the graphs); remove one of the two "
+        "nodes")
 
 
 def torch_compile_wrappers(args: tuple, kwargs: dict) -> List[Callable[..., Any]]:
