@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 
-from kf_inprocess import BLOCKING_BUILD, comfy_with_pack, served_calls  # noqa: E402  (this script's folder is on sys.path)
+from kf_inprocess import BLOCKING_BUILD, family_in_comfy, served_calls  # noqa: E402  (this script's folder is on sys.path)
 
 RANGE = dict(min_resolution=64, max_resolution=512, max_batch_size=4, compile=True, save_compiled=False,
              backend="aot", max_frames=17, build=BLOCKING_BUILD)
@@ -31,16 +31,10 @@ COMMON = dict(context_schedule="standard_static", context_stride=1, closed_loop=
 
 
 def main(pack: str, base: str, family_name: str) -> dict:
-    name, nodes = comfy_with_pack(pack, base)
+    env = family_in_comfy(pack, base, family_name)
     from comfy_extras import nodes_context_windows
 
-    runtime = sys.modules[name + ".nodes.runtime"]
-    blocks = sys.modules[name + ".nodes.blocks"]
-    from compiler.testing import comfy_families as F
-
-    registry = runtime.registry()
-    family = F.build(family_name, seed=0)
-    module = family.patcher.get_model_object("diffusion_model")
+    patcher, module = env.family.patcher, env.module
     node_name, settings = WINDOWS[family_name]
     window_node = {"ContextWindowsManual": nodes_context_windows.ContextWindowsManualNode,
                    "WanContextWindowsManual": nodes_context_windows.WanContextWindowsManualNode}[node_name]
@@ -53,37 +47,33 @@ def main(pack: str, base: str, family_name: str) -> dict:
         return window_node.execute(model=model, **settings, **COMMON).args[0]
 
     def speedup(model):
-        return nodes["KeepFastModelSpeedup"].execute(model=model, **RANGE).args[0]
+        return env.nodes["KeepFastModelSpeedup"].execute(model=model, **RANGE).args[0]
 
     def sample(model):
-        width, height, batch, text, frames = CALL[family_name]
-        latent = family.latent(width, height, batch=batch, frames=frames)
-        positive, negative = family.conditioning(text, seed=1), family.conditioning(text, seed=2)
-        return F.sample(family, positive, negative, latent, steps=STEPS, seed=3, model=model)
+        return env.sample(model, *CALL[family_name], steps=STEPS)
 
     def delta(before: dict) -> dict:
-        now = served_calls(name, module)
+        now = served_calls(env.name, module)
         return {k: now[k] - before[k] for k in now}
 
-    fast = speedup(family.patcher)
-    before = served_calls(name, module)
+    fast = speedup(patcher)
+    before = served_calls(env.name, module)
     sample(fast)
     out = {"family": family_name, "warm": delta(before)}
-    engine = blocks.existing_engine(module)
-    out["blocks"] = sum(len(group.instances) for group in engine.groups) if engine else 0
+    out["blocks"] = env.block_count()
 
     batches.clear()
-    want = sample(windowed(family.patcher))
+    want = sample(windowed(patcher))
     out["window_calls"] = list(batches)
     rows = []
     for order in ("windows, then speedup", "speedup, then windows"):
-        model = speedup(windowed(family.patcher)) if order.startswith("windows") else windowed(fast)
-        before = served_calls(name, module)
+        model = speedup(windowed(patcher)) if order.startswith("windows") else windowed(fast)
+        before = served_calls(env.name, module)
         got = sample(model)
         rows.append({"order": order, "diff": float((got - want).abs().max()), "scale": float(want.abs().max()),
                      "events": delta(before)})
     out["rows"] = rows
-    out["fallbacks"] = [e.reason for e in registry.events if e.kind == "fallback"]
+    out["fallbacks"] = [e.reason for e in env.registry.events if e.kind == "fallback"]
     return out
 
 

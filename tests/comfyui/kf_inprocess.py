@@ -23,7 +23,35 @@ from compiler.testing.comfy_pack import comfy_with_pack, load_pack  # noqa: E402
 # compiles use it (the default builds in the background; test_comfyui_background.py and the server's
 # queue-twice test cover that).
 BLOCKING_BUILD = "before the first image"
-__all__ = ["BLOCKING_BUILD", "comfy_with_pack", "load_pack", "capture_server", "served_calls", "main"]
+__all__ = ["BLOCKING_BUILD", "comfy_with_pack", "load_pack", "capture_server", "family_in_comfy", "served_calls",
+           "main"]
+
+
+def family_in_comfy(pack: str, base: str, family_name: str):
+    """ComfyUI with the pack loaded as ComfyUI loads it and one tiny family built in ComfyUI's classes
+    (compiler.testing.comfy_families): the pack's name and node classes, its block module, the family, its
+    diffusion model, the number of its blocks once an engine serves it, and `sample(model, width, height, batch,
+    text, frames=1, steps=2)`, KSampler's latent for those inputs."""
+    import types
+
+    name, nodes = comfy_with_pack(pack, base)
+    from compiler.testing import comfy_families as F
+
+    family = F.build(family_name, seed=0)
+    blocks = sys.modules[name + ".nodes.blocks"]
+    module = family.patcher.get_model_object("diffusion_model")
+
+    def sample(model, width, height, batch, text, frames=1, steps=2):
+        latent = family.latent(width, height, batch=batch, frames=frames)
+        positive, negative = family.conditioning(text, seed=1), family.conditioning(text, seed=2)
+        return F.sample(family, positive, negative, latent, steps=steps, seed=3, model=model)
+
+    def block_count() -> int:
+        engine = blocks.existing_engine(module)
+        return sum(len(group.instances) for group in engine.groups) if engine else 0
+
+    return types.SimpleNamespace(name=name, nodes=nodes, blocks=blocks, family=family, module=module, sample=sample,
+                                 block_count=block_count, registry=sys.modules[name + ".nodes.runtime"].registry())
 
 
 def served_calls(pack_name: str, module) -> dict:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 
-from kf_inprocess import BLOCKING_BUILD, comfy_with_pack, served_calls  # noqa: E402  (this script's folder is on sys.path)
+from kf_inprocess import BLOCKING_BUILD, family_in_comfy, served_calls  # noqa: E402  (this script's folder is on sys.path)
 
 RANGE = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, save_compiled=False,
              backend="aot", build=BLOCKING_BUILD)
@@ -23,17 +23,10 @@ CALLS = [(128, 128, 1, 7), (192, 128, 2, 11)]  # (width, height, batch, text tok
 
 
 def main(pack: str, base: str, family_name: str) -> dict:
-    name, nodes = comfy_with_pack(pack, base)
+    env = family_in_comfy(pack, base, family_name)
     from comfy.patcher_extension import WrappersMP
     from comfy_extras import nodes_torch_compile
 
-    runtime = sys.modules[name + ".nodes.runtime"]
-    blocks = sys.modules[name + ".nodes.blocks"]
-    from compiler.testing import comfy_families as F
-
-    registry = runtime.registry()
-    family = F.build(family_name, seed=0)
-    module = family.patcher.get_model_object("diffusion_model")
     torch_compile_calls = [0]
 
     def counted(wrapper):
@@ -49,33 +42,27 @@ def main(pack: str, base: str, family_name: str) -> dict:
         return compiled
 
     def speedup(model):
-        return nodes["KeepFastModelSpeedup"].execute(model=model, **RANGE).args[0]
+        return env.nodes["KeepFastModelSpeedup"].execute(model=model, **RANGE).args[0]
 
     def served() -> dict:
-        return {**served_calls(name, module), "torch_compile_calls": torch_compile_calls[0]}
-
-    def sample(model, call):
-        width, height, batch, text = call
-        latent = family.latent(width, height, batch=batch, frames=1)
-        positive, negative = family.conditioning(text, seed=1), family.conditioning(text, seed=2)
-        return F.sample(family, positive, negative, latent, steps=2, seed=3, model=model)
+        return {**served_calls(env.name, env.module), "torch_compile_calls": torch_compile_calls[0]}
 
     rows = []
     for order in ("torch.compile, then speedup", "speedup, then torch.compile"):
-        model = (speedup(torch_compile_model(family.patcher)) if order.startswith("torch.compile")
-                 else torch_compile_model(speedup(family.patcher)))
+        patcher = env.family.patcher
+        model = (speedup(torch_compile_model(patcher)) if order.startswith("torch.compile")
+                 else torch_compile_model(speedup(patcher)))
         for call in CALLS:
             before = served()
-            got = sample(model, call)
-            want = sample(family.patcher, call)
+            got = env.sample(model, *call)
+            want = env.sample(patcher, *call)
             now = served()
             rows.append({"order": order, "call": list(call), "diff": float((got - want).abs().max()),
                          "scale": float(want.abs().max()), "events": {k: now[k] - before[k] for k in now}})
-    blocks_in_model = blocks.existing_engine(module)
-    return {"family": family_name, "rows": rows,
-            "blocks": sum(len(g.instances) for g in blocks_in_model.groups) if blocks_in_model else 0,
-            "notes": [e.reason for e in registry.events if e.kind == "note"],
-            "fallbacks": [e.reason for e in registry.events if e.kind == "fallback"]}
+    events = env.registry.events
+    return {"family": family_name, "rows": rows, "blocks": env.block_count(),
+            "notes": [e.reason for e in events if e.kind == "note"],
+            "fallbacks": [e.reason for e in events if e.kind == "fallback"]}
 
 
 if __name__ == "__main__":

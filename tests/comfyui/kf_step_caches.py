@@ -20,7 +20,7 @@ import logging
 import re
 import sys
 
-from kf_inprocess import BLOCKING_BUILD, comfy_with_pack, served_calls  # noqa: E402  (this script's folder is on sys.path)
+from kf_inprocess import BLOCKING_BUILD, family_in_comfy, served_calls  # noqa: E402  (this script's folder is on sys.path)
 
 RANGE = dict(min_resolution=64, max_resolution=512, max_batch_size=2, compile=True, save_compiled=False,
              backend="aot", build=BLOCKING_BUILD)
@@ -48,54 +48,44 @@ class _SkipLog(logging.Handler):
 
 
 def main(pack: str, base: str, family_name: str) -> dict:
-    name, nodes = comfy_with_pack(pack, base)
+    env = family_in_comfy(pack, base, family_name)
     from comfy_extras import nodes_easycache
 
-    runtime = sys.modules[name + ".nodes.runtime"]
-    blocks = sys.modules[name + ".nodes.blocks"]
-    from compiler.testing import comfy_families as F
-
-    registry = runtime.registry()
-    family = F.build(family_name, seed=0)
     skips = _SkipLog()
     logging.getLogger().addHandler(skips)
     logging.getLogger().setLevel(logging.INFO)
-    module = family.patcher.get_model_object("diffusion_model")
     out = {"family": family_name}
 
     def served() -> dict:
-        return served_calls(name, module)
+        return served_calls(env.name, env.module)
 
     def delta(before: dict) -> dict:
         now = served()
         return {k: now[k] - before[k] for k in now}
 
-    def sample(model, call, seed=3):
-        width, height, batch, text = call
-        latent = family.latent(width, height, batch=batch, frames=1)
-        positive, negative = family.conditioning(text, seed=1), family.conditioning(text, seed=2)
-        return F.sample(family, positive, negative, latent, steps=STEPS, seed=seed, model=model)
+    def sample(model, call):
+        return env.sample(model, *call, steps=STEPS)
 
     cache_nodes = {"EasyCache": nodes_easycache.EasyCacheNode, "LazyCache": nodes_easycache.LazyCacheNode}
 
     def cached(cache: str, model):
         return cache_nodes[cache].execute(model=model, **CACHE).args[0]
 
-    fast = nodes["KeepFastModelSpeedup"].execute(model=family.patcher, **RANGE).args[0]
+    patcher, speedup = env.family.patcher, env.nodes["KeepFastModelSpeedup"]
+    fast = speedup.execute(model=patcher, **RANGE).args[0]
     before = served()
     sample(fast, WARM)
     out["warm"] = delta(before)
-    engine = blocks.existing_engine(module)
-    out["blocks"] = sum(len(group.instances) for group in engine.groups) if engine else 0
+    out["blocks"] = env.block_count()
 
     rows = []
     for cache in cache_nodes:
         before, skips.skipped = served(), []
-        want = sample(cached(cache, family.patcher), CALL)
+        want = sample(cached(cache, patcher), CALL)
         reference = {"skipped": list(skips.skipped), "events": delta(before)}
         for order in ("cache, then speedup", "speedup, then cache"):
             if order == "cache, then speedup":
-                model = nodes["KeepFastModelSpeedup"].execute(model=cached(cache, family.patcher), **RANGE).args[0]
+                model = speedup.execute(model=cached(cache, patcher), **RANGE).args[0]
             else:
                 model = cached(cache, fast)
             before, skips.skipped = served(), []
@@ -104,7 +94,7 @@ def main(pack: str, base: str, family_name: str) -> dict:
                          "scale": float(want.abs().max()), "skipped": list(skips.skipped),
                          "reference": reference, "events": delta(before)})
     out["rows"] = rows
-    out["fallbacks"] = [e.reason for e in registry.events if e.kind == "fallback"]
+    out["fallbacks"] = [e.reason for e in env.registry.events if e.kind == "fallback"]
     return out
 
 

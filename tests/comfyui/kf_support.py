@@ -81,6 +81,19 @@ def run_script(script: str, base: Path, *args: str, timeout: int = 1800) -> dict
     return json.loads(lines[-1][len("KEEPFAST-RESULT "):])
 
 
+def run_family_script(script: str, tmp_path_factory, family: str) -> dict:
+    """run_script for a kf script taking one family, in a new base directory with an empty graphs folder."""
+    base = tmp_path_factory.mktemp(f"{Path(script).stem}-{family}")
+    (base / "models" / "graphs").mkdir(parents=True)
+    return run_script(script, base, family)
+
+
+def model_calls_from_graphs(findings: dict, events: dict) -> int:
+    """Diffusion model calls served by graphs in `events` (a kf script's counts, served_calls): whole-model graph
+    calls, or block graph calls divided by the model's blocks (`findings["blocks"]`)."""
+    return events["block_graph_calls"] // findings["blocks"] if findings["blocks"] else events["graph_calls"]
+
+
 def comfyui_available() -> bool:
     return bool(COMFYUI_PATH) and (Path(COMFYUI_PATH) / "main.py").is_file() and np is not None
 

@@ -26,19 +26,14 @@ WINDOWS = {"sd15": 3, "wan": 2}
 
 @pytest.fixture(scope="module", params=["sd15", "wan"])
 def findings(request, tmp_path_factory) -> dict:
-    base = tmp_path_factory.mktemp(f"context-windows-{request.param}")
-    (base / "models" / "graphs").mkdir(parents=True)
-    return S.run_script("kf_context_windows.py", base, request.param)
+    return S.run_family_script("kf_context_windows.py", tmp_path_factory, request.param)
 
-
-def _served(findings: dict, events: dict) -> int:
-    return events["block_graph_calls"] // findings["blocks"] if findings["blocks"] else events["graph_calls"]
 
 
 def test_the_model_is_called_on_windows(findings):
     family = findings["family"]
     assert findings["window_calls"] == [WINDOW_INPUT[family]] * (WINDOWS[family] * STEPS)
-    assert findings["warm"]["compile"] >= 1 and _served(findings, findings["warm"]) == STEPS
+    assert findings["warm"]["compile"] >= 1 and S.model_calls_from_graphs(findings, findings["warm"]) == STEPS
 
 
 def test_every_window_is_served_by_graphs_with_no_compile_in_either_order(findings):
@@ -47,7 +42,7 @@ def test_every_window_is_served_by_graphs_with_no_compile_in_either_order(findin
         events = row["events"]
         assert events["compile"] == 0 and events["fallback"] == 0 and events["refused"] == 0, row
         assert events["eager_calls"] == 0 and events["block_eager_calls"] == 0, row
-        assert _served(findings, events) == WINDOWS[findings["family"]] * STEPS, row
+        assert S.model_calls_from_graphs(findings, events) == WINDOWS[findings["family"]] * STEPS, row
     assert findings["fallbacks"] == []
 
 

@@ -22,20 +22,14 @@ ORDERS = {"cache, then speedup", "speedup, then cache"}
 
 @pytest.fixture(scope="module", params=["sd15", "flux"])
 def findings(request, tmp_path_factory) -> dict:
-    base = tmp_path_factory.mktemp(f"step-caches-{request.param}")
-    (base / "models" / "graphs").mkdir(parents=True)
-    return S.run_script("kf_step_caches.py", base, request.param)
+    return S.run_family_script("kf_step_caches.py", tmp_path_factory, request.param)
 
-
-def _graph_calls(findings: dict, events: dict) -> int:
-    """Model calls served by graphs: one a step run (cond and uncond batched), or one a block a step."""
-    return events["block_graph_calls"] // findings["blocks"] if findings["blocks"] else events["graph_calls"]
 
 
 def test_every_cache_and_order_was_run(findings):
     assert {(row["cache"], row["order"]) for row in findings["rows"]} == {
         (cache, order) for cache in ("EasyCache", "LazyCache") for order in ORDERS}
-    assert findings["warm"]["compile"] >= 1 and _graph_calls(findings, findings["warm"]) == STEPS
+    assert findings["warm"]["compile"] >= 1 and S.model_calls_from_graphs(findings, findings["warm"]) == STEPS
 
 
 def test_each_cache_skips_the_same_steps_as_on_the_model_alone(findings):
@@ -49,7 +43,7 @@ def test_the_steps_a_cache_runs_are_served_by_graphs_with_no_compile(findings):
         events = row["events"]
         assert events["compile"] == 0 and events["fallback"] == 0 and events["refused"] == 0, row
         assert events["eager_calls"] == 0 and events["block_eager_calls"] == 0, row
-        assert _graph_calls(findings, events) == STEPS - row["skipped"][0], row
+        assert S.model_calls_from_graphs(findings, events) == STEPS - row["skipped"][0], row
     assert findings["fallbacks"] == []
 
 
