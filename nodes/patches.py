@@ -11,17 +11,16 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-# Keys of transformer_options that carry bookkeeping, never computation.
+# Keys of transformer_options that never change what the model computes: bookkeeping, and state read only by
+# wrappers and callbacks around the model (no model under comfy/ldm reads it): ComfyUI's step caches (EasyCache,
+# LazyCache: comfy_extras/nodes_easycache.py) keep their state under `easycache` and decide, outside the model's
+# call, whether a step calls the model at all; its context windows (comfy/context_windows.py) name the window being
+# sampled under `context_window`, the window's latent and conditions being the call's inputs.
 NEUTRAL_OPTION_KEYS = frozenset({
     "wrappers", "callbacks", "cond_or_uncond", "uuids", "sigmas", "sample_sigmas", "original_shape",
     "transformer_index", "block", "block_index", "total_blocks", "block_type", "activations_shape",
+    "easycache", "context_window",
 })
-# Keys read only by wrappers and callbacks around the model, never inside it (no model under comfy/ldm reads
-# them): ComfyUI's step caches (EasyCache, LazyCache: comfy_extras/nodes_easycache.py) keep their state here and
-# decide, outside the model's call, whether a step calls the model at all; its context windows
-# (comfy/context_windows.py) name the window being sampled for their callbacks, the window's latent and conditions
-# being the call's inputs. A call they make computes what the model computes, so a graph serves it.
-OUTSIDE_OPTION_KEYS = frozenset({"easycache", "context_window"})
 # Keys whose value is a dict of patch lists: only non-empty entries matter.
 PATCH_OPTION_KEYS = ("patches", "patches_replace")
 
@@ -40,7 +39,7 @@ def options_reason(options: Optional[dict]) -> Optional[str]:
         return None
     found = []
     for key, value in options.items():
-        if key in NEUTRAL_OPTION_KEYS or key in OUTSIDE_OPTION_KEYS or _is_empty(value):
+        if key in NEUTRAL_OPTION_KEYS or _is_empty(value):
             continue
         if key in PATCH_OPTION_KEYS and isinstance(value, dict):
             names = sorted(str(name) for name, entry in value.items() if not _is_empty(entry))
