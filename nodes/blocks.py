@@ -114,6 +114,11 @@ class ComfyFamily(BlockFamily):
     gguf: Optional[GGUFWeights] = None  # set per model by for_model
     lowvram: Optional[LowVramWeights] = None  # set per model by for_model
 
+    def matches(self, model: torch.nn.Module) -> bool:
+        """Whether this family describes `model`: a variant sharing a class with another family (whose VAE or
+        patching differs) is listed before it in FAMILIES and says here which models are its own."""
+        return True
+
     def for_model(self, model: torch.nn.Module, dtype: Optional[torch.dtype]) -> "ComfyFamily":
         """This family for one model whose sampler sends `dtype` inputs (the shared instance stays as is)."""
         own = copy.copy(self)
@@ -199,6 +204,21 @@ class FluxFamily(ComfyFamily):
         return kwargs
 
 
+class Flux2Family(FluxFamily):
+    """Flux 2 (dev, klein): ComfyUI's Flux class with one modulation for all blocks of a kind, computed before
+    them (its dataclasses are block inputs, as Chroma's), and a VAE of 32 channels at 1/8 whose latent is packed
+    2x2 (EmptyFlux2LatentImage: 128 channels at 1/16), one latent pixel per token."""
+
+    name = "flux2"
+    geometry = Geometry(patch=1)
+    spatial_multiple = 1
+    latent_scale = 16
+
+    def matches(self, model):
+        # comfy.model_detection sets global_modulation for Flux 2 checkpoints only
+        return bool(getattr(getattr(model, "params", None), "global_modulation", False))
+
+
 class ChromaFamily(FluxFamily):
     name = "chroma"
     model_classes = ("Chroma",)
@@ -280,6 +300,16 @@ class WanFamily(ComfyFamily):
         return kwargs
 
 
+class Wan22Family(WanFamily):
+    """Wan 2.2 TI2V 5B: Wan's model on the 48-channel Wan 2.2 VAE at 1/16 (Wan22ImageToVideoLatent)."""
+
+    name = "wan22"
+    latent_scale = 16
+
+    def matches(self, model):
+        return int(model.out_dim) == 48
+
+
 class QwenImageFamily(ComfyFamily):
     name = "qwen-image"
     model_classes = ("QwenImageTransformer2DModel",)
@@ -314,6 +344,34 @@ class HunyuanVideoFamily(ComfyFamily):
         if getattr(model, "guidance_in", None) is not None:
             kwargs["guidance"] = torch.full((dims.batch,), 6.0, dtype=torch.float32, device=device)
         return kwargs
+
+
+class HunyuanVideo15Family(HunyuanVideoFamily):
+    """HunyuanVideo 1.5: HunyuanVideo's class on a 32-channel VAE at 1/16 (EmptyHunyuanVideo15Latent), one latent
+    pixel per token."""
+
+    name = "hunyuan-video15"
+    geometry = Geometry(patch=1, patch_frames=1, video=True, default_frames=(1, 33))
+    spatial_multiple = 1
+    latent_scale = 16
+
+    def matches(self, model):
+        return list(model.patch_size) == [1, 1, 1] and int(model.out_channels) == 32
+
+
+class HunyuanImage21Family(HunyuanVideoFamily):
+    """HunyuanImage 2.1: HunyuanVideo's class on images (2-D patches of 1) from a 64-channel VAE at 1/32
+    (EmptyHunyuanImageLatent)."""
+
+    name = "hunyuan-image21"
+    video = False
+    frame_scale = 1
+    geometry = Geometry(patch=1)
+    spatial_multiple = 1
+    latent_scale = 32
+
+    def matches(self, model):
+        return len(model.patch_size) == 2
 
 
 class LTXVFamily(ComfyFamily):
@@ -374,15 +432,19 @@ class HiDreamFamily(ComfyFamily):
         }
 
 
-FAMILIES: Tuple[ComfyFamily, ...] = (FluxFamily(), ChromaFamily(), SD3Family(), AuraFlowFamily(), WanFamily(),
-                                     QwenImageFamily(), HunyuanVideoFamily(), LTXVFamily(), Lumina2Family(),
+FAMILIES: Tuple[ComfyFamily, ...] = (Flux2Family(), FluxFamily(), ChromaFamily(), SD3Family(), AuraFlowFamily(), Wan22Family(), WanFamily(),
+                                     QwenImageFamily(), HunyuanVideo15Family(),
+                                     HunyuanImage21Family(), HunyuanVideoFamily(), LTXVFamily(), Lumina2Family(),
                                      HiDreamFamily())
-_BY_CLASS: Dict[str, ComfyFamily] = {name: family for family in FAMILIES for name in family.model_classes}
+_BY_CLASS: Dict[str, Tuple[ComfyFamily, ...]] = {}
+for _family in FAMILIES:  # variants first, as FAMILIES lists them
+    for _name in _family.model_classes:
+        _BY_CLASS[_name] = _BY_CLASS.get(_name, ()) + (_family,)
 
 
 def family_of(module: torch.nn.Module) -> Optional[ComfyFamily]:
     """The block family of a ComfyUI diffusion model, or None (SD-style UNets: whole-model graphs)."""
-    return _BY_CLASS.get(type(module).__name__)
+    return next((f for f in _BY_CLASS.get(type(module).__name__, ()) if f.matches(module)), None)
 
 
 def block_range(family: ComfyFamily, min_size: int, max_size: int, max_batch: int, max_frames: int) -> ShapeRange:

@@ -29,9 +29,10 @@ import torch
 from .comfy_models import _FLOAT8, _INIT_TYPES, _comfy, _init
 
 FAMILIES: Tuple[str, ...] = (
-    "flux", "chroma", "sd3", "auraflow", "wan", "qwen-image", "hunyuan-video", "ltxv", "lumina2", "z-image",
-    "hidream",
+    "flux", "flux2", "chroma", "sd3", "auraflow", "wan", "wan22", "qwen-image", "hunyuan-video", "hunyuan-video15",
+    "hunyuan-image21", "ltxv", "lumina2", "z-image", "hidream",
 )
+VIDEO_FAMILIES: Tuple[str, ...] = ("wan", "wan22", "wan-i2v", "hunyuan-video", "hunyuan-video15", "ltxv")
 # SD-style UNets (whole-model graphs, not blocks): ComfyUI's UNetModel as SD1.5 and SDXL configure it.
 UNET_FAMILIES: Tuple[str, ...] = ("sd15", "sdxl")
 # Variants only the template tests build (their workflows feed what these take: a start image, CLIP vision).
@@ -78,6 +79,16 @@ UNET_CONFIGS: Dict[str, Dict[str, Any]] = {
         "depth_single_blocks": 2, "axes_dim": [8, 12, 12], "theta": 10000, "qkv_bias": True, "guidance_embed": True,
         "txt_ids_dims": [], "yak_mlp": False, "txt_norm": False,
     },
+    "flux2": {
+        # comfy.model_detection's Flux 2 keys: shared (global) modulation computed once per call outside the blocks,
+        # gated SiLU MLPs, no biases, 4 rotary axes with text positions on the last, latents of 128 channels (the
+        # VAE's 32 packed 2x2) taken one latent pixel per token. Flux 2 dev has guidance; klein does not.
+        "image_model": "flux2", "in_channels": 128, "out_channels": 128, "patch_size": 1, "vec_in_dim": None,
+        "context_in_dim": _TXT, "hidden_size": 64, "mlp_ratio": 3.0, "num_heads": 2, "depth": 2,
+        "depth_single_blocks": 2, "axes_dim": [8, 8, 8, 8], "theta": 2000, "qkv_bias": False, "guidance_embed": True,
+        "global_modulation": True, "mlp_silu_act": True, "ops_bias": False, "default_ref_method": "index",
+        "ref_index_scale": 10.0, "txt_ids_dims": [3], "yak_mlp": False, "txt_norm": False,
+    },
     "chroma": {
         "image_model": "chroma", "in_channels": 64, "out_channels": 64, "patch_size": 2, "vec_in_dim": None,
         "context_in_dim": _TXT, "hidden_size": 64, "mlp_ratio": 4.0, "num_heads": 2, "depth": 2,
@@ -107,6 +118,11 @@ UNET_CONFIGS: Dict[str, Dict[str, Any]] = {
         "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
         "cross_attn_norm": True, "eps": 1e-6, "in_dim": 16, "text_dim": _TXT,
     },
+    "wan22": {  # Wan 2.2 TI2V 5B: Wan 2.1's model on the 48-channel Wan 2.2 VAE (1/16 in space, 4 frames per latent)
+        "image_model": "wan2.1", "model_type": "t2v", "dim": 64, "out_dim": 48, "num_heads": 2, "ffn_dim": 128,
+        "num_layers": 2, "patch_size": (1, 2, 2), "freq_dim": 256, "window_size": (-1, -1), "qk_norm": True,
+        "cross_attn_norm": True, "eps": 1e-6, "in_dim": 48, "text_dim": _TXT,
+    },
     "wan-i2v": {  # Wan 2.1 image-to-video: the start image's latent and mask concatenated (36 channels in),
         # CLIP vision features projected to 257 more context tokens
         "image_model": "wan2.1", "model_type": "i2v", "dim": 64, "out_dim": 16, "num_heads": 2, "ffn_dim": 128,
@@ -123,6 +139,24 @@ UNET_CONFIGS: Dict[str, Dict[str, Any]] = {
         "vec_in_dim": _POOLED, "axes_dim": [8, 12, 12], "meanflow": False, "context_in_dim": _TXT, "hidden_size": 64,
         "mlp_ratio": 4.0, "num_heads": 2, "depth": 2, "depth_single_blocks": 2, "theta": 256, "qkv_bias": True,
         "byt5": False, "guidance_embed": True, "use_cond_type_embedding": False, "vision_in_dim": None,
+        "meanflow_sum": False,
+    },
+    "hunyuan-video15": {
+        # HunyuanVideo 1.5: HunyuanVideo's class with one latent pixel per token on a 32-channel VAE at 1/16 (the
+        # input also takes an image latent and a mask: 65 channels), double blocks only, SigLIP image features
+        # and a condition-type embedding, no guidance embedding.
+        "image_model": "hunyuan_video", "in_channels": 65, "out_channels": 32, "patch_size": [1, 1, 1],
+        "vec_in_dim": None, "axes_dim": [8, 12, 12], "meanflow": False, "context_in_dim": _TXT, "hidden_size": 64,
+        "mlp_ratio": 4.0, "num_heads": 2, "depth": 2, "depth_single_blocks": 0, "theta": 256, "qkv_bias": True,
+        "byt5": False, "guidance_embed": False, "use_cond_type_embedding": True, "vision_in_dim": 32,
+        "meanflow_sum": True,
+    },
+    "hunyuan-image21": {
+        # HunyuanImage 2.1: HunyuanVideo's class on images (2-D patches of 1) from a 64-channel VAE at 1/32.
+        "image_model": "hunyuan_video", "in_channels": 64, "out_channels": 64, "patch_size": [1, 1],
+        "vec_in_dim": None, "axes_dim": [16, 16], "meanflow": False, "context_in_dim": _TXT, "hidden_size": 64,
+        "mlp_ratio": 4.0, "num_heads": 2, "depth": 2, "depth_single_blocks": 2, "theta": 256, "qkv_bias": True,
+        "byt5": False, "guidance_embed": False, "use_cond_type_embedding": False, "vision_in_dim": None,
         "meanflow_sum": False,
     },
     "ltxv": {
@@ -177,8 +211,9 @@ REAL_FLUX_BLOCKS = (1, 2)  # (double, single): the device check's Flux, full wid
 
 _SUPPORTED = {  # family -> class name in comfy.supported_models
     "sd15": "SD15", "sdxl": "SDXL",
-    "flux": "Flux", "chroma": "Chroma", "sd3": "SD3", "auraflow": "AuraFlow", "wan": "WAN21_T2V", "wan-i2v": "WAN21_I2V",
-    "qwen-image": "QwenImage", "hunyuan-video": "HunyuanVideo", "ltxv": "LTXV", "lumina2": "Lumina2",
+    "flux": "Flux", "flux2": "Flux2", "chroma": "Chroma", "sd3": "SD3", "auraflow": "AuraFlow", "wan": "WAN21_T2V", "wan22": "WAN22_T2V", "wan-i2v": "WAN21_I2V",
+    "qwen-image": "QwenImage", "hunyuan-video": "HunyuanVideo",
+    "hunyuan-video15": "HunyuanVideo15", "hunyuan-image21": "HunyuanImage21", "ltxv": "LTXV", "lumina2": "Lumina2",
     "z-image": "ZImage", "hidream": "HiDream",
 }
 
@@ -237,6 +272,9 @@ def _conditioning_fn(name: str, widths: Optional[Dict[str, int]] = None) -> Call
         elif name == "flux":
             cond = _randn((1, tokens, widths.get("txt", _TXT)), g)
             extras.update(pooled_output=_randn((1, widths.get("pooled", _POOLED)), g), guidance=3.5)  # FluxGuidance
+        elif name == "flux2":  # Mistral's hidden states, FluxGuidance; ComfyUI pads them to 512 tokens
+            cond = _randn((1, tokens, _TXT), g)
+            extras["guidance"] = 4.0
         elif name == "sd3":
             cond = _randn((1, tokens, _SD3_TXT), g)
             extras["pooled_output"] = _randn((1, _SD3_POOLED), g)
@@ -258,7 +296,8 @@ def _conditioning_fn(name: str, widths: Optional[Dict[str, int]] = None) -> Call
             cond = _randn((1, tokens, _HIDREAM_T5), g)  # T5 hidden states
             extras["pooled_output"] = _randn((1, _HIDREAM_POOLED), g)  # CLIP-L + CLIP-G pooled
             extras["conditioning_llama3"] = _randn((1, _HIDREAM_LLAMA_LAYERS, tokens, _HIDREAM_LLAMA), g)
-        else:  # chroma, auraflow, wan, wan-i2v, qwen-image: one text encoder, no pooled vector
+        else:  # chroma, auraflow, wan, wan22, wan-i2v, qwen-image, and HunyuanVideo 1.5 and HunyuanImage 2.1 (whose
+            # Qwen2.5-VL encoders drop an all-ones mask): one text encoder, no pooled vector
             cond = _randn((1, tokens, _TXT), g)
         return [[cond, extras]]
 
@@ -267,10 +306,18 @@ def _conditioning_fn(name: str, widths: Optional[Dict[str, int]] = None) -> Call
 
 def _latent_fn(name: str) -> Callable[[int, int, int, int], torch.Tensor]:
     def make(width: int, height: int, batch: int, frames: int) -> torch.Tensor:
+        if name == "wan22":  # Wan22ImageToVideoLatent
+            return torch.zeros([batch, 48, ((frames - 1) // 4) + 1, height // 16, width // 16])
+        if name == "hunyuan-video15":  # EmptyHunyuanVideo15Latent
+            return torch.zeros([batch, 32, ((frames - 1) // 4) + 1, height // 16, width // 16])
+        if name == "hunyuan-image21":  # EmptyHunyuanImageLatent
+            return torch.zeros([batch, 64, height // 32, width // 32])
         if name in ("wan", "wan-i2v", "hunyuan-video"):
             return torch.zeros([batch, 16, ((frames - 1) // 4) + 1, height // 8, width // 8])
         if name == "ltxv":
             return torch.zeros([batch, 128, ((frames - 1) // 8) + 1, height // 32, width // 32])
+        if name == "flux2":  # EmptyFlux2LatentImage
+            return torch.zeros([batch, 128, height // 16, width // 16])
         if name in ("auraflow", "sd15", "sdxl"):  # EmptyLatentImage
             return torch.zeros([batch, 4, height // 8, width // 8])
         return torch.zeros([batch, 16, height // 8, width // 8])
@@ -340,7 +387,7 @@ def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32, real: bo
         model, load_device=comfy.model_management.get_torch_device(),
         offload_device=comfy.model_management.unet_offload_device())
     return TinyFamily(
-        name=name, patcher=patcher, video=name in ("wan", "wan-i2v", "hunyuan-video", "ltxv"),
+        name=name, patcher=patcher, video=name in VIDEO_FAMILIES,
         latent_channels=model_config.latent_format.latent_channels,
         _latent=_latent_fn(name), _conditioning=_conditioning_fn(name, REAL_WIDTHS.get(name) if real else None))
 

@@ -310,6 +310,44 @@ def test_video_families_turn_frames_and_pixels_into_their_latent_units():
     assert wan.geometry.tokens(_blocks.Dims(1, 16, 16, frames=5)) == 5 * 8 * 8  # frames are their own axis
 
 
+def _comfy_like(class_name: str, **attributes) -> torch.nn.Module:
+    """A module named as one of ComfyUI's diffusion model classes, with the attributes its families read."""
+    module = type(class_name, (torch.nn.Module,), {})()
+    for name, value in attributes.items():
+        setattr(module, name, value)
+    return module
+
+
+def test_variants_sharing_a_comfyui_class_get_their_own_latent_units():
+    """Flux 2 is ComfyUI's Flux class, HunyuanVideo 1.5 and HunyuanImage 2.1 its HunyuanVideo class and Wan 2.2
+    5B its WanModel: each takes latents of another VAE (and patch), which the node's pixel range must be read in."""
+    from types import SimpleNamespace
+
+    def family(class_name, **attributes):
+        return _blocks.family_of(_comfy_like(class_name, **attributes)).name
+
+    assert family("Flux", params=SimpleNamespace(global_modulation=False), patch_size=2) == "flux"
+    assert family("Flux", params=SimpleNamespace(global_modulation=True), patch_size=1) == "flux2"
+    assert family("HunyuanVideo", patch_size=[1, 2, 2], out_channels=16) == "hunyuan-video"
+    assert family("HunyuanVideo", patch_size=[1, 1, 1], out_channels=32) == "hunyuan-video15"
+    assert family("HunyuanVideo", patch_size=[1, 1], out_channels=64) == "hunyuan-image21"
+    assert family("WanModel", out_dim=16) == "wan" and family("WanModel", out_dim=48) == "wan22"
+    assert _blocks.family_of(_comfy_like("UNetModel")) is None
+    # one token per 16 pixels on each side for both Flux generations: the same 1024-pixel image, the same tokens
+    flux, flux2 = _blocks.FluxFamily(), _blocks.Flux2Family()
+    for f in (flux, flux2):
+        r = f.geometry.block_range(_blocks.block_range(f, 64, 1024, 1, 1))
+        assert r.tokens == (16, 4096), f.name
+    image = _blocks.HunyuanImage21Family()
+    r = _blocks.block_range(image, 64, 2048, 1, 81)
+    assert r.spatial == (2, 64) and r.frames is None and image.geometry.tokens(_blocks.Dims(1, 64, 64)) == 4096
+    video15, wan22 = _blocks.HunyuanVideo15Family(), _blocks.Wan22Family()
+    assert _blocks.block_range(video15, 64, 1280, 1, 121).spatial == (4, 80)
+    assert video15.geometry.tokens(_blocks.Dims(1, 45, 80, frames=31)) == 31 * 45 * 80
+    r = _blocks.block_range(wan22, 64, 1280, 1, 121)
+    assert r.spatial == (4, 80) and r.frames == (1, 31)
+
+
 def test_sd3_joint_blocks_positional_inputs_are_named_for_the_graph_and_passed_back_in_order():
     sd3 = _blocks.SD3Family()
     context, x, c = torch.zeros(1, 3, 4), torch.ones(1, 5, 4), torch.zeros(1, 4)
