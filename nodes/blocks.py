@@ -301,13 +301,44 @@ class WanFamily(ComfyFamily):
 
 
 class Wan22Family(WanFamily):
-    """Wan 2.2 TI2V 5B: Wan's model on the 48-channel Wan 2.2 VAE at 1/16 (Wan22ImageToVideoLatent)."""
+    """Wan 2.2 TI2V 5B: Wan's model on the 48-channel Wan 2.2 VAE at 1/16 (Wan22ImageToVideoLatent).
+
+    With a start image ComfyUI gives each latent frame its own timestep (model_base.WAN22.process_timestep: the
+    first frame, kept, at 0), so a block's modulation `e` is [batch, frames, 6, dim]; without one it is
+    [batch, 1, 6, dim]. The block spreads `e` over its tokens with `repeat_e`, which branches on that axis (one
+    value, or frames dividing the tokens). One graph serves both: its example calls take per-frame timesteps (the
+    axis is then the `frames` role, 1 included), and what it computes spreads `e` over the tokens first with the
+    same rows `repeat_e` picks (token i takes row i // ceil(tokens / rows)), a gather with no branch, after which
+    the block's own `repeat_e` has one row per token and returns it as it is.
+    """
 
     name = "wan22"
     latent_scale = 16
 
     def matches(self, model):
         return int(model.out_dim) == 48
+
+    def inputs(self, model, dims, randn, dtype, device):
+        kwargs = super().inputs(model, dims, randn, dtype, device)
+        frames = self.geometry.frames(dims)
+        kwargs["t"] = torch.full((dims.batch, frames), 500.0, dtype=torch.float32, device=device)
+        return kwargs
+
+    def block_forward(self, module: torch.nn.Module, *args, **kwargs) -> Any:
+        x = args[0] if args else kwargs["x"]
+        if "e" in kwargs:
+            kwargs = dict(kwargs, e=_rows_per_token(kwargs["e"], x.shape[1]))
+        else:
+            args = (args[0], _rows_per_token(args[1], x.shape[1])) + tuple(args[2:])
+        return super().block_forward(module, *args, **kwargs)
+
+
+def _rows_per_token(e: torch.Tensor, tokens) -> torch.Tensor:
+    """`e` [batch, rows, ...] spread to one row per token as comfy.ldm.wan.model.repeat_e spreads it: each row
+    over ceil(tokens / rows) tokens (tokens / rows where they divide), a single row over all."""
+    step = -(-tokens // e.shape[1])
+    index = torch.arange(tokens, device=e.device) // step
+    return e.index_select(1, index)
 
 
 class QwenImageFamily(ComfyFamily):

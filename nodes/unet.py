@@ -153,6 +153,7 @@ class UnetRunner:
                                                                   s.max_frames),
                 store=runtime.store(), autosave=s.autosave, compile_on_miss=s.compile_on_miss,
                 label=_label(self.base_model, module), verify=s.verify, background=s.background,
+                range_advice=RANGE_ADVICE,
             )
         return options
 
@@ -247,6 +248,14 @@ class UnetRunner:
                     clamp(2 * batch, shape_range.batch), max(1, height // 8), max(1, width // 8),
                     clamp(sequence, shape_range.sequence), dtype, device))
         return calls, None
+
+
+# What widens a block graph's range, by the role a call fell outside of (compiler/blocks/tokens.py's roles).
+_LARGER_IMAGES = "a larger max_resolution on Model Speedup covers it: size it for the image and its reference images"
+RANGE_ADVICE = {"tokens": _LARGER_IMAGES, "joint": _LARGER_IMAGES,
+                "batch": "a larger max_batch_size on Model Speedup covers it",
+                "frames": "a larger max_frames on Model Speedup covers it",
+                "sequence": "the graphs take prompts up to the range's text tokens; a longer prompt runs uncompiled"}
 
 
 def _label(base_model, module: torch.nn.Module) -> str:

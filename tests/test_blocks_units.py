@@ -125,6 +125,39 @@ def test_dimensions_are_named_from_two_probes():
     assert T.role_bounds("sequence+257", rng) == (258, 297)
 
 
+def test_a_frames_axis_is_named_apart_from_the_batch():
+    """Wan 2.2 5B's modulation has a latent-frames axis where ComfyUI gives each frame its own timestep: the video
+    probes change the frames unlike the batch, and that axis is named `frames`, bounded by the frames range."""
+    geometry = T.Geometry(patch=2, video=True, default_frames=(1, 21))
+    for rng in (ShapeRange(batch=(1, 4), spatial=(8, 64), sequence=(1, 512), frames=(1, 21)),
+                ShapeRange(batch=(1, 2), spatial=(8, 32), sequence=(1, 77), frames=(1, 3))):
+        first, second = T.probe_dims(geometry, rng, 2)
+        a, b = T.counts_of(geometry, first), T.counts_of(geometry, second)
+        assert a[T.FRAMES] != b[T.FRAMES] and (a[T.FRAMES], b[T.FRAMES]) != (a[T.BATCH], b[T.BATCH])
+        modulation = [(a[T.BATCH], a[T.FRAMES], 6, 32)], [(b[T.BATCH], b[T.FRAMES], 6, 32)]
+        assert T.infer_roles(["e"], *modulation, a, b) == {"e": {0: "batch", 1: "frames"}}
+        assert T.role_bounds("frames", geometry.block_range(rng)) == rng.frames
+    image = T.Geometry(patch=2)
+    first, second = T.probe_dims(image, ShapeRange(batch=(1, 4), spatial=(8, 64), sequence=(1, 77)), 2)
+    assert T.counts_of(image, first)[T.FRAMES] == T.counts_of(image, second)[T.FRAMES] == 1  # never a role
+
+
+def test_a_call_outside_the_range_is_named_by_what_it_counts():
+    """Flux Kontext and Flux 2 edits add a reference image's tokens to the image tokens: a call past the range
+    says so in those words, not as a bare shape guard."""
+    rng = ShapeRange(batch=(1, 4), spatial=(4, 32), sequence=(1, 512), tokens=(16, 1024))
+    roles = {"img": {0: "batch", 1: "tokens"}, "pe": {2: "joint"}, "txt": {1: "sequence"}}
+    paths = ["img", "pe", "txt"]
+    assert T.outside_range(paths, [(2, 1024, 64), (1, 1, 1024 + 512, 16), (2, 512, 64)], roles, rng) is None
+    role, why = T.outside_range(paths, [(2, 2048, 64), (1, 1, 2048 + 7, 16), (2, 7, 64)], roles, rng)
+    assert role == "tokens" and why == (
+        "img.shape[1] is 2048, image tokens (the latent's, and any reference image's): more than the 1024 its graph "
+        "was built for")
+    role, why = T.outside_range(paths, [(6, 64, 64), (1, 1, 71, 16), (6, 7, 64)], roles, rng)
+    assert role == "batch" and "is 6, the batch: more than the 4" in why
+    assert T.role_words("sequence*3+257") == "3 x text tokens + 257"
+
+
 def test_a_scoped_engine_serves_blocks_only_inside_its_scope():
     """ComfyUI shares one module among every clone of a MODEL: blocks outside the node's hook stay untouched."""
     from compiler.blocks import BlockEngine

@@ -68,6 +68,9 @@ class BlockOptions:
     # Block graphs build in child processes while the blocks run eager (docs/background.md); save, load
     # and warmup still wait for them.
     background: bool = False
+    # What widens the range, per role ("tokens", "batch", ...), said where a call falls outside it; the
+    # ComfyUI node names its own inputs (max_resolution, ...).
+    range_advice: Optional[Dict[str, str]] = None
 
     def with_(self, **changes) -> "BlockOptions":
         return replace(self, **changes)

@@ -266,7 +266,7 @@ class BlockServer:
             for roles in variants:
                 counts = dict(probe)
                 counts.update({role: 1 for role in roles})
-                counts = T.role_values({k: counts[k] for k in (T.BATCH, T.TOKENS, T.SEQUENCE)})
+                counts = T.role_values(T.counted(counts))
                 shapes = T.shapes_at(call.shapes, paths, self.roles, counts)
                 tensors = [_cut(t, shape) for t, shape in zip(call.tensors, shapes)]
                 where = ", ".join(f"{role} 1" for role in roles)
@@ -292,18 +292,25 @@ class BlockServer:
         block_range = self.engine.block_range
         notes = []
         corners = {}
+        frames_corners = block_range.frames if block_range.frames is not None else (1,)
         for batch in block_range.batch:
             for tokens in block_range.tokens:
                 for text in block_range.sequence:
-                    corners[(batch, tokens, text)] = T.role_values({T.BATCH: batch, T.TOKENS: tokens, T.SEQUENCE: text})
-        for (batch, tokens, text), counts in corners.items():
+                    for frames in dict.fromkeys(frames_corners):
+                        corners[(batch, tokens, text, frames)] = T.role_values(
+                            {T.BATCH: batch, T.TOKENS: tokens, T.SEQUENCE: text, T.FRAMES: frames})
+        uses_frames = any(role == T.FRAMES for dims in self.roles.values() for role in dims.values())
+        for (batch, tokens, text, frames), counts in corners.items():
+            if not uses_frames and frames != frames_corners[0]:
+                continue
             shapes = T.shapes_at(call.shapes, call.tensor_paths, self.roles, counts)
             try:
                 failure = graph.why_not(_Shapes(shapes, call.tensor_paths))
             except Exception as error:
                 failure = f"its guards cannot be checked ({type(error).__name__}: {error})"
             if failure:
-                notes.append(f"batch {batch}, {tokens} image tokens, {text} text tokens: {failure}")
+                where = f", {frames} latent frames" if uses_frames else ""
+                notes.append(f"batch {batch}, {tokens} image tokens, {text} text tokens{where}: {failure}")
         return notes
 
     def save(self, store) -> Optional[str]:
@@ -486,6 +493,11 @@ class BlockServer:
         for path, want, have in zip(template.tensor_paths, self._dtypes, dtypes):
             if want != have:
                 return f"{path} is {dtype_name(have)}, its graph takes {dtype_name(want)}"
+        outside = T.outside_range(template.tensor_paths, shapes, self.roles, self.graph.key.shape_range)
+        if outside is not None:
+            role, why = outside
+            advice = (self.engine.options.range_advice or {}).get(role)
+            return f"{why} ({advice})" if advice else why
         return self.graph.why_not(_Shapes(shapes, template.tensor_paths))
 
     def _structure_difference(self, args, kwargs) -> str:

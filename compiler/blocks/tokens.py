@@ -11,7 +11,9 @@ block inputs of the two probes.
 
 Roles of a block input dimension:
 
-- `batch`, `tokens` (image/video tokens), `sequence` (text tokens);
+- `batch`, `tokens` (image/video tokens), `sequence` (text tokens), `frames`
+  (latent frames after temporal patching: Wan 2.2 5B gives each frame its own
+  timestep, so its modulation has a frames axis);
 - `joint`: tokens + sequence;
 - `sequence*<k>`, `joint*<k>`: k times the text tokens (alone, or after the
   image tokens), for models that join k text encoders' tokens (HiDream: T5,
@@ -30,8 +32,9 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..shapes import ShapeRange
 
-BATCH, TOKENS, SEQUENCE, JOINT = "batch", "tokens", "sequence", "joint"
-BASE_ROLES = (BATCH, TOKENS, SEQUENCE, JOINT)
+BATCH, TOKENS, SEQUENCE, JOINT, FRAMES = "batch", "tokens", "sequence", "joint", "frames"
+COUNTED = (BATCH, TOKENS, SEQUENCE, FRAMES)  # the counts a call has; the other roles are made from them
+BASE_ROLES = (BATCH, TOKENS, SEQUENCE, JOINT, FRAMES)
 TEXT_MULTIPLES = (2, 3, 4)
 # Tried after the base roles when naming a dimension (a coincidence then names the simpler role).
 MULTIPLE_ROLES = tuple(f"{base}*{k}" for k in TEXT_MULTIPLES for base in (SEQUENCE, JOINT))
@@ -76,6 +79,10 @@ class Geometry:
     def text(self, dims: Dims) -> int:
         return self.padded(dims.text)
 
+    def frames(self, dims: Dims) -> int:
+        """Latent frames as the blocks see them (after temporal patching)."""
+        return max(1, dims.frames // self.patch_frames)
+
     def frames_range(self, shape_range: ShapeRange) -> Tuple[int, int]:
         if shape_range.frames is not None:
             return tuple(shape_range.frames)
@@ -112,7 +119,40 @@ def role_values(counts: Dict[str, int]) -> Dict[str, int]:
 
 
 def counts_of(geometry: Geometry, dims: Dims) -> Dict[str, int]:
-    return role_values({BATCH: dims.batch, TOKENS: geometry.tokens(dims), SEQUENCE: geometry.text(dims)})
+    return role_values({BATCH: dims.batch, TOKENS: geometry.tokens(dims), SEQUENCE: geometry.text(dims),
+                        FRAMES: geometry.frames(dims)})
+
+
+def counted(counts: Dict[str, int]) -> Dict[str, int]:
+    """The counts among `counts` that roles are made from (the role values of another call, read back)."""
+    return {k: counts[k] for k in COUNTED if k in counts}
+
+
+_ROLE_WORDS = {BATCH: "the batch", TOKENS: "image tokens (the latent's, and any reference image's)",
+               SEQUENCE: "text tokens", JOINT: "image and text tokens (a reference image's included)",
+               FRAMES: "latent frames"}
+
+
+def role_words(role: str) -> str:
+    """What a role counts, in a user's words ("image and text tokens", "3 x text tokens + 257")."""
+    base, _, offset = role.partition("+")
+    base, _, times = base.partition("*")
+    words = (f"{times} x " if times else "") + _ROLE_WORDS.get(base, base)
+    return words + (f" + {offset}" if offset else "")
+
+
+def outside_range(paths: Sequence[str], shapes: Sequence[Sequence[int]], roles: RoleMap,
+                  block_range: ShapeRange) -> Optional[Tuple[str, str]]:
+    """(the base role, why) for the first input dimension outside the range's bounds for its role, or None."""
+    for path, shape in zip(paths, shapes):
+        for dim, role in roles.get(path, {}).items():
+            low, high = role_bounds(role, block_range)
+            size = int(shape[dim])
+            if not low <= size <= high:
+                side = f"more than the {high}" if size > high else f"fewer than the {low}"
+                return (role.partition("+")[0].partition("*")[0],
+                        f"{path}.shape[{dim}] is {size}, {role_words(role)}: {side} its graph was built for")
+    return None
 
 
 def role_bounds(role: str, block_range: ShapeRange) -> Tuple[int, int]:
@@ -146,6 +186,16 @@ def _two(low: int, high: int, preferred: Iterable[int]) -> Tuple[int, int]:
     return picks[0], picks[-1]
 
 
+def _frames_pair(low: int, high: int, batch: Tuple[int, int]) -> Tuple[int, int]:
+    """Two frame counts that change unlike the batch where the range allows (a frames axis must not read as the
+    batch), the first >= 2 where it can be."""
+    first = _two(low, high, preferred=(max(low, 2),))[0]
+    for second in [first + 2, first + 1] + list(range(low, high + 1)):
+        if low <= second <= high and second != first and (first, second) != batch:
+            return first, second
+    return _two(low, high, preferred=(first,))
+
+
 def _multiple_at_least(value: int, multiple: int) -> int:
     return max(multiple, value + (-value) % multiple)
 
@@ -159,7 +209,7 @@ def probe_dims(geometry: Geometry, shape_range: ShapeRange, spatial_multiple: in
     """
     b1, b2 = _two(*shape_range.batch, preferred=(2, 3))
     f_low, f_high = geometry.frames_range(shape_range)
-    f1, f2 = _two(f_low, f_high, preferred=(max(f_low, 2), max(f_low, 2) + 1)) if geometry.video else (1, 1)
+    f1, f2 = _frames_pair(f_low, f_high, (b1, b2)) if geometry.video else (1, 1)
     s_low, s_high = shape_range.sequence
     smallest = None
     for side, wider in _side_pairs(geometry, shape_range.spatial, spatial_multiple, f1, f2):
@@ -246,8 +296,8 @@ def infer_roles(paths: Sequence[str], shapes_a: Sequence[Sequence[int]], shapes_
     tried in the order batch, tokens, sequence, joint, then multiples of the
     text tokens (`sequence*3`, `joint*3`); else UnknownDimension.
     """
-    counts_a = role_values({k: counts_a[k] for k in (BATCH, TOKENS, SEQUENCE)})
-    counts_b = role_values({k: counts_b[k] for k in (BATCH, TOKENS, SEQUENCE)})
+    counts_a = role_values(counted(counts_a))
+    counts_b = role_values(counted(counts_b))
     roles: RoleMap = {}
     for path, shape_a, shape_b in zip(paths, shapes_a, shapes_b):
         if len(shape_a) != len(shape_b):
@@ -260,8 +310,10 @@ def infer_roles(paths: Sequence[str], shapes_a: Sequence[Sequence[int]], shapes_
             if role is None:
                 raise UnknownDimension(
                     f"{path}.shape[{dim}] is {x} in one call and {y} in another, which is none of batch "
-                    f"({counts_a[BATCH]}, {counts_b[BATCH]}), image tokens ({counts_a[TOKENS]}, {counts_b[TOKENS]}) "
-                    f"or text tokens ({counts_a[SEQUENCE]}, {counts_b[SEQUENCE]})"
+                    f"({counts_a[BATCH]}, {counts_b[BATCH]}), image tokens ({counts_a[TOKENS]}, {counts_b[TOKENS]}), "
+                    f"text tokens ({counts_a[SEQUENCE]}, {counts_b[SEQUENCE]})"
+                    + (f" or latent frames ({counts_a[FRAMES]}, {counts_b[FRAMES]})"
+                       if counts_a.get(FRAMES, 1) != counts_b.get(FRAMES, 1) else "")
                 )
             dims[dim] = role
         if dims:
@@ -271,9 +323,9 @@ def infer_roles(paths: Sequence[str], shapes_a: Sequence[Sequence[int]], shapes_
 
 def _match(x: int, y: int, counts_a: Dict[str, int], counts_b: Dict[str, int]) -> Optional[str]:
     for role in BASE_ROLES:
-        if counts_a[role] == x and counts_b[role] == y:
+        if role in counts_a and counts_a[role] == x and counts_b[role] == y:
             return role
-    for role in BASE_ROLES:
+    for role in (BATCH, TOKENS, SEQUENCE, JOINT):  # a few frames plus a constant is too easily a coincidence
         offset = x - counts_a[role]
         if offset > 0 and y - counts_b[role] == offset:
             return f"{role}+{offset}"
