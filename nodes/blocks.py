@@ -28,6 +28,7 @@ the patched weights bound for the call (nodes/lowvram.py).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from dataclasses import replace
@@ -425,6 +426,55 @@ class LTXVFamily(ComfyFamily):
         }
 
 
+class Kandinsky5Family(ComfyFamily):
+    """Kandinsky 5 (video lite and pro, image lite): text blocks over the prompt, then visual blocks over the
+    video's tokens with the prompt for cross-attention; HunyuanVideo's latents (16 channels at 1/8, 4 frames per
+    latent frame), image models one frame."""
+
+    name = "kandinsky5"
+    model_classes = ("Kandinsky5",)
+    block_classes = ("TransformerEncoderBlock", "TransformerDecoderBlock")
+    video = True
+    frame_scale = 4
+    geometry = Geometry(patch=2, patch_frames=1, video=True, default_frames=(1, 31))
+
+    def block_forward(self, module: torch.nn.Module, *args, **kwargs) -> Any:
+        # Kandinsky's self-attention and feed-forward take a chunked path above 8192 tokens (less memory in eager:
+        # the same per-token maths in pieces), a branch on the token count a graph would keep as a guard. The graph
+        # computes the one-piece path at every size, so one graph serves all; eager keeps ComfyUI's own path.
+        with _one_piece(module):
+            return super().block_forward(module, *args, **kwargs)
+
+    def inputs(self, model, dims, randn, dtype, device):
+        patch = 1
+        for side in model.patch_size:
+            patch *= int(side)
+        return {
+            "x": self.latent(model, dims, randn, int(model.visual_embed_dim) // patch),
+            "t": self.timesteps(dims, device, 500.0),
+            "context": randn(dims.batch, dims.text, _in_features(model.text_embeddings.in_layer)),
+            "y": randn(dims.batch, _in_features(model.pooled_text_embeddings.in_layer)),
+        }
+
+
+@contextlib.contextmanager
+def _one_piece(block: torch.nn.Module):
+    """Within: the layers of `block` that choose between `_forward` and `_forward_chunked` by size run `_forward`
+    (an attribute of these instances, put back after: nothing else sees it)."""
+    layers = [m for m in block.modules() if {"forward", "_forward", "_forward_chunked"} <= set(vars(type(m)))]
+    saved = [m.__dict__.get("forward") for m in layers]
+    for layer in layers:
+        layer.forward = layer._forward
+    try:
+        yield
+    finally:
+        for layer, forward in zip(layers, saved):
+            if forward is None:
+                del layer.forward
+            else:
+                layer.forward = forward
+
+
 class Lumina2Family(ComfyFamily):
     name = "lumina2"
     model_classes = ("NextDiT",)
@@ -465,7 +515,7 @@ class HiDreamFamily(ComfyFamily):
 
 FAMILIES: Tuple[ComfyFamily, ...] = (Flux2Family(), FluxFamily(), ChromaFamily(), SD3Family(), AuraFlowFamily(), Wan22Family(), WanFamily(),
                                      QwenImageFamily(), HunyuanVideo15Family(),
-                                     HunyuanImage21Family(), HunyuanVideoFamily(), LTXVFamily(), Lumina2Family(),
+                                     HunyuanImage21Family(), HunyuanVideoFamily(), LTXVFamily(), Kandinsky5Family(), Lumina2Family(),
                                      HiDreamFamily())
 _BY_CLASS: Dict[str, Tuple[ComfyFamily, ...]] = {}
 for _family in FAMILIES:  # variants first, as FAMILIES lists them

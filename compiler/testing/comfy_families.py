@@ -30,9 +30,10 @@ from .comfy_models import _FLOAT8, _INIT_TYPES, _comfy, _init
 
 FAMILIES: Tuple[str, ...] = (
     "flux", "flux2", "chroma", "sd3", "auraflow", "wan", "wan22", "qwen-image", "hunyuan-video", "hunyuan-video15",
-    "hunyuan-image21", "ltxv", "lumina2", "z-image", "hidream",
+    "hunyuan-image21", "ltxv", "kandinsky5", "lumina2", "z-image", "hidream",
 )
-VIDEO_FAMILIES: Tuple[str, ...] = ("wan", "wan22", "wan-i2v", "hunyuan-video", "hunyuan-video15", "ltxv")
+VIDEO_FAMILIES: Tuple[str, ...] = ("wan", "wan22", "wan-i2v", "hunyuan-video", "hunyuan-video15", "ltxv",
+                                    "kandinsky5")
 # SD-style UNets (whole-model graphs, not blocks): ComfyUI's UNetModel as SD1.5 and SDXL configure it.
 UNET_FAMILIES: Tuple[str, ...] = ("sd15", "sdxl")
 # Variants only the template tests build (their workflows feed what these take: a start image, CLIP vision).
@@ -164,6 +165,13 @@ UNET_CONFIGS: Dict[str, Dict[str, Any]] = {
         "image_model": "ltxv", "num_layers": 2, "attention_head_dim": 32, "num_attention_heads": 2,
         "cross_attention_dim": 64, "caption_channels": _TXT, "in_channels": 128,
     },
+    "kandinsky5": {
+        # Kandinsky 5 video lite in small: 33 input channels (latent, image latent, mask) in 1x2x2 patches,
+        # Qwen2.5-VL hidden states and a CLIP-L pooled vector, head width sum(axes_dims).
+        "image_model": "kandinsky5", "in_visual_dim": 16, "out_visual_dim": 16, "in_text_dim": _TXT,
+        "in_text_dim2": _POOLED, "time_dim": 32, "model_dim": 64, "ff_dim": 128, "visual_embed_dim": 33 * 4,
+        "patch_size": (1, 2, 2), "num_text_blocks": 2, "num_visual_blocks": 2, "axes_dims": (8, 12, 12),
+    },
     "lumina2": {
         "image_model": "lumina2", "patch_size": 2, "in_channels": 16, "dim": 64, "cap_feat_dim": _TXT, "n_layers": 2,
         "qk_norm": True, "n_heads": 2, "n_kv_heads": 1, "axes_dims": [8, 12, 12], "axes_lens": [300, 512, 512],
@@ -213,7 +221,8 @@ _SUPPORTED = {  # family -> class name in comfy.supported_models
     "sd15": "SD15", "sdxl": "SDXL",
     "flux": "Flux", "flux2": "Flux2", "chroma": "Chroma", "sd3": "SD3", "auraflow": "AuraFlow", "wan": "WAN21_T2V", "wan22": "WAN22_T2V", "wan-i2v": "WAN21_I2V",
     "qwen-image": "QwenImage", "hunyuan-video": "HunyuanVideo",
-    "hunyuan-video15": "HunyuanVideo15", "hunyuan-image21": "HunyuanImage21", "ltxv": "LTXV", "lumina2": "Lumina2",
+    "hunyuan-video15": "HunyuanVideo15", "hunyuan-image21": "HunyuanImage21", "ltxv": "LTXV",
+    "kandinsky5": "Kandinsky5", "lumina2": "Lumina2",
     "z-image": "ZImage", "hidream": "HiDream",
 }
 
@@ -275,6 +284,9 @@ def _conditioning_fn(name: str, widths: Optional[Dict[str, int]] = None) -> Call
         elif name == "flux2":  # Mistral's hidden states, FluxGuidance; ComfyUI pads them to 512 tokens
             cond = _randn((1, tokens, _TXT), g)
             extras["guidance"] = 4.0
+        elif name == "kandinsky5":  # Qwen2.5-VL hidden states, CLIP-L pooled
+            cond = _randn((1, tokens, _TXT), g)
+            extras["pooled_output"] = _randn((1, _POOLED), g)
         elif name == "sd3":
             cond = _randn((1, tokens, _SD3_TXT), g)
             extras["pooled_output"] = _randn((1, _SD3_POOLED), g)
@@ -312,7 +324,7 @@ def _latent_fn(name: str) -> Callable[[int, int, int, int], torch.Tensor]:
             return torch.zeros([batch, 32, ((frames - 1) // 4) + 1, height // 16, width // 16])
         if name == "hunyuan-image21":  # EmptyHunyuanImageLatent
             return torch.zeros([batch, 64, height // 32, width // 32])
-        if name in ("wan", "wan-i2v", "hunyuan-video"):
+        if name in ("wan", "wan-i2v", "hunyuan-video", "kandinsky5"):
             return torch.zeros([batch, 16, ((frames - 1) // 4) + 1, height // 8, width // 8])
         if name == "ltxv":
             return torch.zeros([batch, 128, ((frames - 1) // 8) + 1, height // 32, width // 32])

@@ -220,7 +220,7 @@ def image(path: str, size: int = 512, seed: int = 7) -> None:
     Image.fromarray((pixels * 255).astype(np.uint8)).save(path)
 
 
-VAE_KINDS = ("kl16", "wan21", "hunyuan-video", "ltxv")
+VAE_KINDS = ("kl16", "flux2", "wan21", "hunyuan-video", "ltxv")
 # LTXV's video VAE as ComfyUI builds it from a file's "config" metadata: its widths are fixed (128 base channels),
 # its depth is not: one res layer per level and the three 2x compressions ComfyUI's 8x/32x ratios assume.
 LTXV_VAE_CONFIG = {
@@ -235,7 +235,8 @@ def vae(path: str, kind: str, seed: int = 0) -> None:
     """A VAE file ComfyUI's VAELoader detects, random weights.
 
     kl16: the 16-channel KL autoencoder of Flux, SD3 and Z-Image ("ae.safetensors"); ComfyUI fixes its
-    widths (128 base channels, 84 M parameters), so it is full size. wan21: Wan 2.1's causal video VAE
+    widths (128 base channels, 84 M parameters), so it is full size. flux2: Flux 2's, the same autoencoder with 32
+    channels and a batch-normalised latent packed 2x2 (128 channels at 1/16), full size for the same reason. wan21: Wan 2.1's causal video VAE
     (also Qwen-Image's), whose base width ComfyUI reads from the file: 8 channels here. hunyuan-video:
     HunyuanVideo's causal 3-D KL autoencoder (ComfyUI fixes its widths: full size). ltxv: LTX-Video's, its
     depth cut through the config ComfyUI reads from the file's metadata (LTXV_VAE_CONFIG).
@@ -251,6 +252,18 @@ def vae(path: str, kind: str, seed: int = 0) -> None:
             encoder_config={"target": "comfy.ldm.modules.diffusionmodules.model.Encoder", "params": params},
             decoder_config={"target": "comfy.ldm.modules.diffusionmodules.model.Decoder", "params": params})
         _init(model, seed)
+    elif kind == "flux2":
+        from comfy.ldm.models.autoencoder import AutoencoderKL
+
+        params = {"double_z": True, "z_channels": 32, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,
+                  "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0,
+                  "batch_norm_latent": True}
+        model = AutoencoderKL(ddconfig=params, embed_dim=32)
+        _init(model, seed)
+        generator = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():  # the latent statistics ComfyUI reads for the packed latent
+            model.bn.running_mean.copy_(torch.randn(model.bn.running_mean.shape, generator=generator) * 0.1)
+            model.bn.running_var.copy_(torch.rand(model.bn.running_var.shape, generator=generator) + 0.5)
     elif kind == "wan21":
         from comfy.ldm.wan.vae import WanVAE
 

@@ -27,8 +27,8 @@ BYPASSED_MODES = (2, 4)  # muted, bypassed
 MODEL_SOURCES = {"UNETLoader": 0, "CheckpointLoaderSimple": 0, "KeepFastTestTinyModel": 0, "KeepFastTestCheckpoint": 0}
 VAE_SOURCES = {"VAELoader": 0, "CheckpointLoaderSimple": 2, "KeepFastTestCheckpoint": 2}
 LATENT_NODES = ("EmptyLatentImage", "EmptySD3LatentImage", "EmptyHunyuanLatentVideo", "EmptyLTXVLatentVideo",
-                "Wan22ImageToVideoLatent", "WanImageToVideo")
-STEP_NODES = ("KSampler", "BasicScheduler", "LTXVScheduler")
+                "Wan22ImageToVideoLatent", "WanImageToVideo", "EmptyFlux2LatentImage")
+STEP_NODES = ("KSampler", "BasicScheduler", "LTXVScheduler", "Flux2Scheduler")
 SEED_INPUTS = ("seed", "noise_seed")
 DECODERS = ("VAEDecode", "VAEDecodeTiled")
 

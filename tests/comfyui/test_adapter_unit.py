@@ -348,6 +348,38 @@ def test_variants_sharing_a_comfyui_class_get_their_own_latent_units():
     assert r.spatial == (4, 80) and r.frames == (1, 31)
 
 
+class _Chunking(torch.nn.Module):
+    """As Kandinsky 5's SelfAttention: a size branch between `_forward` and `_forward_chunked`."""
+
+    def _forward(self, x):
+        return x + 1
+
+    def _forward_chunked(self, x):
+        return torch.cat([c + 1 for c in x.chunk(2, dim=1)], dim=1)
+
+    def forward(self, x):
+        return self._forward_chunked(x) if x.shape[1] > 4 else self._forward(x)
+
+
+class _Cross(_Chunking):
+    """As Kandinsky 5's CrossAttention: inherits both paths, its own forward takes other inputs."""
+
+    def forward(self, x, context):
+        return x + context
+
+
+def test_kandinsky_blocks_are_traced_on_the_one_piece_path_and_left_as_they_were():
+    block = torch.nn.ModuleDict({"attention": _Chunking(), "cross": _Cross()})
+    calls = []
+    block["attention"]._forward_chunked = lambda x: calls.append("chunked") or x + 1
+    with _blocks._one_piece(block):
+        assert block["attention"](torch.zeros(1, 8)).sum() == 8 and calls == []  # one piece past the branch's size
+        assert block["cross"](torch.zeros(1, 2), torch.ones(1, 2)).sum() == 2  # a layer with its own forward: as is
+    block["attention"](torch.zeros(1, 8))
+    assert calls == ["chunked"] and "forward" not in vars(block["attention"])
+    assert _blocks.family_of(_comfy_like("Kandinsky5", patch_size=(1, 2, 2))).name == "kandinsky5"
+
+
 def test_sd3_joint_blocks_positional_inputs_are_named_for_the_graph_and_passed_back_in_order():
     sd3 = _blocks.SD3Family()
     context, x, c = torch.zeros(1, 3, 4), torch.ones(1, 5, 4), torch.zeros(1, 4)

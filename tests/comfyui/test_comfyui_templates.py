@@ -60,6 +60,7 @@ TEMPLATES = [
     Template("default", None, blocks=False, whole_vae=True),
     Template("image_z_image_turbo", "z-image", {"ae.safetensors": "kl16"}, whole_vae=True),
     Template("flux_schnell", "flux", {"ae.safetensors": "kl16"}, checkpoint_vae="ae.safetensors", whole_vae=True),
+    Template("image_flux2_text_to_image", "flux2", {"flux2-vae.safetensors": "flux2"}, whole_vae=True),
     Template("sd3.5_simple_example", "sd3", {"ae.safetensors": "kl16"}, checkpoint_vae="ae.safetensors",
              whole_vae=True),
     Template("image_qwen_image", "qwen-image", {"qwen_image_vae.safetensors": "wan21"},
