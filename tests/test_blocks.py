@@ -51,7 +51,7 @@ def _serve(name: str, tmp_path_factory) -> Served:
     return _SERVED[name]
 
 
-@pytest.fixture(scope="module", params=["flux", "sd3", "wan", "qwen"])
+@pytest.fixture(scope="module", params=["flux", "flux2", "sd3", "wan", "qwen"])
 def served(request, tmp_path_factory) -> Served:
     return _serve(request.param, tmp_path_factory)
 

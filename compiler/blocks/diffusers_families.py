@@ -7,6 +7,9 @@ block graphs prepared from it serve the pipeline's calls:
 - Flux (`FluxTransformer2DModel`): packed latents `[B, (H/2)(W/2), C]`,
   `img_ids`/`txt_ids` position ids, pooled text, timestep (and guidance for
   guidance-distilled checkpoints);
+- Flux 2 (`Flux2Transformer2DModel`): latents packed 2x2 by the pipeline
+  (128 channels at 1/16), one token per packed pixel, 4-axis `img_ids` and
+  `txt_ids` per sample, timestep and guidance (dev);
 - SD3/3.5 (`SD3Transformer2DModel`): latents `[B, C, H, W]`, patch size from
   the config;
 - Wan 2.1/2.2 (`WanTransformer3DModel`): latents `[B, C, F, H, W]`, frames a
@@ -68,6 +71,36 @@ class FluxFamily(DiffusersFamily):
         }
         if config_value(model, "guidance_embeds", False):
             kwargs["guidance"] = torch.full((batch,), 3.5, dtype=torch.float32, device=device)
+        return (), kwargs
+
+
+class Flux2Family(DiffusersFamily):
+    name = "flux2"
+    geometry = Geometry(patch=1)  # the pipeline packs 2x2 latent pixels into its 128 channels: a token each
+    spatial_multiple = 1
+    block_classes = ("Flux2TransformerBlock", "Flux2SingleTransformerBlock")
+
+    def example_call(self, model, dims: Dims) -> Tuple[tuple, dict]:
+        """Flux2Pipeline's call: ids (time, height, width, layer) per sample, as `_prepare_latent_ids` and
+        `_prepare_text_ids` make them; timestep in [0, 1]."""
+        like, gen = model_dtype_device(model), generator_for(dims)
+        dtype, device = like
+        batch, text, one = dims.batch, dims.text, torch.arange(1)
+        img_ids = torch.cartesian_prod(one, torch.arange(dims.height), torch.arange(dims.width), one)
+        txt_ids = torch.cartesian_prod(one, one, one, torch.arange(text))
+        kwargs = {
+            "hidden_states": _randn((batch, dims.height * dims.width, config_value(model, "in_channels", 128)),
+                                    like, gen),
+            "timestep": torch.full((batch,), 0.5, dtype=dtype, device=device),
+            "encoder_hidden_states": _randn((batch, text, config_value(model, "joint_attention_dim", 15360)),
+                                            like, gen),
+            "txt_ids": txt_ids.expand(batch, -1, -1).to(device),
+            "img_ids": img_ids.expand(batch, -1, -1).to(device),
+            "joint_attention_kwargs": None,
+            "return_dict": False,
+        }
+        if config_value(model, "guidance_embeds", False):
+            kwargs["guidance"] = torch.full((batch,), 4.0, dtype=dtype, device=device)
         return (), kwargs
 
 
@@ -183,6 +216,8 @@ def diffusers_family(model: torch.nn.Module) -> Optional[BlockFamily]:
     name = type(model).__name__
     if name == "FluxTransformer2DModel":
         return FluxFamily()
+    if name == "Flux2Transformer2DModel":
+        return Flux2Family()
     if name == "SD3Transformer2DModel":
         return SD3Family(patch=int(config_value(model, "patch_size", 2)))
     if name == "WanTransformer3DModel":
@@ -195,7 +230,7 @@ def diffusers_family(model: torch.nn.Module) -> Optional[BlockFamily]:
 
 
 KNOWN: Dict[str, str] = {
-    "FluxTransformer2DModel": "flux", "SD3Transformer2DModel": "sd3",
+    "FluxTransformer2DModel": "flux", "Flux2Transformer2DModel": "flux2", "SD3Transformer2DModel": "sd3",
     "WanTransformer3DModel": "wan", "QwenImageTransformer2DModel": "qwen-image",
     "ZImageTransformer2DModel": "z-image",
 }

@@ -22,6 +22,9 @@ CONFIGS: Dict[str, dict] = {
     "flux": dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=3, attention_head_dim=16,
                  num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16, axes_dims_rope=(4, 6, 6),
                  guidance_embeds=True),
+    "flux2": dict(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
+                  num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=32,
+                  axes_dims_rope=(4, 4, 4, 4), guidance_embeds=True),
     "sd3": dict(sample_size=16, patch_size=2, in_channels=4, num_layers=3, attention_head_dim=16, num_attention_heads=2,
                 joint_attention_dim=32, caption_projection_dim=32, pooled_projection_dim=16, out_channels=4,
                 pos_embed_max_size=16),
@@ -32,13 +35,13 @@ CONFIGS: Dict[str, dict] = {
     "zimage": dict(in_channels=4, dim=32, n_layers=2, n_refiner_layers=2, n_heads=2, n_kv_heads=2, cap_feat_dim=32,
                    axes_dims=(4, 6, 6)),
 }
-CLASSES = {"flux": "FluxTransformer2DModel", "sd3": "SD3Transformer2DModel", "wan": "WanTransformer3DModel",
+CLASSES = {"flux": "FluxTransformer2DModel", "flux2": "Flux2Transformer2DModel", "sd3": "SD3Transformer2DModel", "wan": "WanTransformer3DModel",
            "qwen": "QwenImageTransformer2DModel", "zimage": "ZImageTransformer2DModel"}
 # Distinct block structures: Flux double + single; SD3's last block drops the text output; Z-Image's noise
 # refiner, context refiner and main layers (the first and last one structure on different tokens); Z-Image keeps
 # its real 2 + 2 refiners.
-STRUCTURES = {"flux": 2, "sd3": 2, "wan": 1, "qwen": 1, "zimage": 3}
-BLOCKS = {"flux": 5, "sd3": 3, "wan": 3, "qwen": 3, "zimage": 6}
+STRUCTURES = {"flux": 2, "flux2": 2, "sd3": 2, "wan": 1, "qwen": 1, "zimage": 3}
+BLOCKS = {"flux": 5, "flux2": 4, "sd3": 3, "wan": 3, "qwen": 3, "zimage": 6}
 
 FIRST = Dims(batch=2, height=16, width=16, frames=3, text=12)
 
