@@ -206,7 +206,7 @@ class FluxFamily(ComfyFamily):
 
 
 class Flux2Family(FluxFamily):
-    """Flux 2 (dev, klein): ComfyUI's Flux class with one modulation for all blocks of a kind, computed before
+    """Flux 2: ComfyUI's Flux class with one modulation for all blocks of a kind, computed before
     them (its dataclasses are block inputs, as Chroma's), and a VAE of 32 channels at 1/8 whose latent is packed
     2x2 (EmptyFlux2LatentImage: 128 channels at 1/16), one latent pixel per token."""
 
