@@ -293,8 +293,8 @@ def infer_roles(paths: Sequence[str], shapes_a: Sequence[Sequence[int]], shapes_
 
     A dimension equal in both probes is static. One that differs is the role
     whose two sizes it equals, else a role plus a constant (`sequence+257`),
-    tried in the order batch, tokens, sequence, joint, then multiples of the
-    text tokens (`sequence*3`, `joint*3`); else UnknownDimension.
+    tried in the order batch, tokens, sequence, joint, frames (exact only), then
+    multiples of the text tokens (`sequence*3`, `joint*3`); else UnknownDimension.
     """
     counts_a = role_values(counted(counts_a))
     counts_b = role_values(counted(counts_b))
