@@ -427,9 +427,9 @@ class LTXVFamily(ComfyFamily):
 
 
 class Kandinsky5Family(ComfyFamily):
-    """Kandinsky 5 (video lite and pro, image lite): text blocks over the prompt, then visual blocks over the
-    video's tokens with the prompt for cross-attention; HunyuanVideo's latents (16 channels at 1/8, 4 frames per
-    latent frame), image models one frame."""
+    """Kandinsky 5: text blocks over the prompt, then visual blocks over the video's tokens with the prompt for
+    cross-attention; HunyuanVideo's latents (16 channels at 1/8, 4 frames per latent frame). The image model takes
+    one frame of the same class (not tested)."""
 
     name = "kandinsky5"
     model_classes = ("Kandinsky5",)
