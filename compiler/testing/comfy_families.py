@@ -29,8 +29,8 @@ import torch
 from .comfy_models import _FLOAT8, _INIT_TYPES, _comfy, _init
 
 FAMILIES: Tuple[str, ...] = (
-    "flux", "flux2", "chroma", "sd3", "auraflow", "wan", "wan22", "qwen-image", "hunyuan-video", "hunyuan-video15",
-    "hunyuan-image21", "ltxv", "kandinsky5", "lumina2", "z-image", "hidream",
+    "flux", "flux2", "flux2-klein", "chroma", "sd3", "auraflow", "wan", "wan22", "qwen-image", "hunyuan-video",
+    "hunyuan-video15", "hunyuan-image21", "ltxv", "kandinsky5", "lumina2", "z-image", "hidream",
 )
 VIDEO_FAMILIES: Tuple[str, ...] = ("wan", "wan22", "wan-i2v", "hunyuan-video", "hunyuan-video15", "ltxv",
                                     "kandinsky5")
@@ -87,6 +87,13 @@ UNET_CONFIGS: Dict[str, Dict[str, Any]] = {
         "image_model": "flux2", "in_channels": 128, "out_channels": 128, "patch_size": 1, "vec_in_dim": None,
         "context_in_dim": _TXT, "hidden_size": 64, "mlp_ratio": 3.0, "num_heads": 2, "depth": 2,
         "depth_single_blocks": 2, "axes_dim": [8, 8, 8, 8], "theta": 2000, "qkv_bias": False, "guidance_embed": True,
+        "global_modulation": True, "mlp_silu_act": True, "ops_bias": False, "default_ref_method": "index",
+        "ref_index_scale": 10.0, "txt_ids_dims": [3], "yak_mlp": False, "txt_norm": False,
+    },
+    "flux2-klein": {  # Flux 2 klein: the same layout without guidance distillation (Qwen3 text features)
+        "image_model": "flux2", "in_channels": 128, "out_channels": 128, "patch_size": 1, "vec_in_dim": None,
+        "context_in_dim": _TXT, "hidden_size": 64, "mlp_ratio": 3.0, "num_heads": 2, "depth": 2,
+        "depth_single_blocks": 2, "axes_dim": [8, 8, 8, 8], "theta": 2000, "qkv_bias": False, "guidance_embed": False,
         "global_modulation": True, "mlp_silu_act": True, "ops_bias": False, "default_ref_method": "index",
         "ref_index_scale": 10.0, "txt_ids_dims": [3], "yak_mlp": False, "txt_norm": False,
     },
@@ -219,7 +226,7 @@ REAL_FLUX_BLOCKS = (1, 2)  # (double, single): the device check's Flux, full wid
 
 _SUPPORTED = {  # family -> class name in comfy.supported_models
     "sd15": "SD15", "sdxl": "SDXL",
-    "flux": "Flux", "flux2": "Flux2", "chroma": "Chroma", "sd3": "SD3", "auraflow": "AuraFlow", "wan": "WAN21_T2V", "wan22": "WAN22_T2V", "wan-i2v": "WAN21_I2V",
+    "flux": "Flux", "flux2": "Flux2", "flux2-klein": "Flux2", "chroma": "Chroma", "sd3": "SD3", "auraflow": "AuraFlow", "wan": "WAN21_T2V", "wan22": "WAN22_T2V", "wan-i2v": "WAN21_I2V",
     "qwen-image": "QwenImage", "hunyuan-video": "HunyuanVideo",
     "hunyuan-video15": "HunyuanVideo15", "hunyuan-image21": "HunyuanImage21", "ltxv": "LTXV",
     "kandinsky5": "Kandinsky5", "lumina2": "Lumina2",
@@ -281,7 +288,7 @@ def _conditioning_fn(name: str, widths: Optional[Dict[str, int]] = None) -> Call
         elif name == "flux":
             cond = _randn((1, tokens, widths.get("txt", _TXT)), g)
             extras.update(pooled_output=_randn((1, widths.get("pooled", _POOLED)), g), guidance=3.5)  # FluxGuidance
-        elif name == "flux2":  # Mistral's hidden states, FluxGuidance; ComfyUI pads them to 512 tokens
+        elif name in ("flux2", "flux2-klein"):  # Mistral's (dev) or Qwen3's (klein) hidden states, padded to 512
             cond = _randn((1, tokens, _TXT), g)
             extras["guidance"] = 4.0
         elif name == "kandinsky5":  # Qwen2.5-VL hidden states, CLIP-L pooled
@@ -328,7 +335,7 @@ def _latent_fn(name: str) -> Callable[[int, int, int, int], torch.Tensor]:
             return torch.zeros([batch, 16, ((frames - 1) // 4) + 1, height // 8, width // 8])
         if name == "ltxv":
             return torch.zeros([batch, 128, ((frames - 1) // 8) + 1, height // 32, width // 32])
-        if name == "flux2":  # EmptyFlux2LatentImage
+        if name in ("flux2", "flux2-klein"):  # EmptyFlux2LatentImage
             return torch.zeros([batch, 128, height // 16, width // 16])
         if name in ("auraflow", "sd15", "sdxl"):  # EmptyLatentImage
             return torch.zeros([batch, 4, height // 8, width // 8])
