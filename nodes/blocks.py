@@ -100,8 +100,15 @@ def _first_in(module: torch.nn.Module) -> int:
     raise ValueError(f"{type(module).__name__} has no Linear layer")
 
 
+PROMPT_TOKENS = 1024  # the longest prompt (text encoder tokens) the block graphs take
+
+
 class ComfyFamily(BlockFamily):
     """A ComfyUI diffusion model class: its block classes, geometry and example call."""
+
+    # Tokens the model joins to the prompt's before its blocks (image features), which the text range must hold
+    # besides the prompt's PROMPT_TOKENS.
+    joined_text_tokens = 0
 
     model_classes: Tuple[str, ...] = ()
     block_classes = ()
@@ -383,6 +390,7 @@ class HunyuanVideo15Family(HunyuanVideoFamily):
     pixel per token."""
 
     name = "hunyuan-video15"
+    joined_text_tokens = 729  # image-to-video: the start image's SigLIP features (27 x 27) join the prompt's tokens
     geometry = Geometry(patch=1, patch_frames=1, video=True, default_frames=(1, 33))
     spatial_multiple = 1
     latent_scale = 16
@@ -529,8 +537,10 @@ def family_of(module: torch.nn.Module) -> Optional[ComfyFamily]:
 
 
 def block_range(family: ComfyFamily, min_size: int, max_size: int, max_batch: int, max_frames: int) -> ShapeRange:
-    """The node's range (pixels, images, video frames) in the family's latent units."""
-    base = latent_range(min_size, max_size, max_batch, scale=family.latent_scale)
+    """The node's range (pixels, images, video frames) in the family's latent units; text tokens up to 1024 for the
+    prompt, plus what the family joins to it."""
+    base = latent_range(min_size, max_size, max_batch, scale=family.latent_scale,
+                        sequence=(1, PROMPT_TOKENS + family.joined_text_tokens))
     if family.video:
         base = ShapeRange(batch=base.batch, spatial=base.spatial, sequence=base.sequence,
                           frames=(1, family.latent_frames(max_frames)))

@@ -8,8 +8,10 @@ the latent alone gives. Calls with references inside the node's range are served
 one past it (a 512-pixel image with a 512-pixel reference, range up to 512) runs eager, saying which tokens and
 which node input covers them. FAMILY `wan22`: ComfyUI's Wan22ImageToVideoLatent with a start image (its noise
 mask) makes Wan 2.2's 5B take one timestep per latent frame; text-to-video takes one per call. Both are served by
-the one block graph. Each call against the same model without the node. Prints one JSON object after
-"KEEPFAST-RESULT ".
+the one block graph. FAMILY `hunyuan-video15`: image-to-video (the start image's latent joined to the noise's
+channels, its 729 SigLIP features joined to the prompt's tokens, as HunyuanVideo 1.5's nodes give them), with a
+short prompt and a 400-token one (1129 text tokens), against text-to-video on the same graph. Each call against the
+same model without the node. Prints one JSON object after "KEEPFAST-RESULT ".
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ REFERENCE_CALLS = [(128, 128, []), (128, 128, [(128, 128)]), (192, 128, [(128, 1
                    (512, 512, [(512, 512)])]
 # (width, height, video frames, start image)
 START_IMAGE_CALLS = [(128, 128, 9, False), (128, 128, 9, True), (192, 128, 13, True), (128, 192, 9, False)]
+# (width, height, video frames, start image, prompt tokens)
+IMAGE_TO_VIDEO_CALLS = [(128, 128, 9, False, 7), (128, 128, 9, True, 7), (192, 128, 13, True, 7),
+                        (128, 128, 9, True, 400)]
+SIGLIP_TOKENS = 729
 
 
 class _StartImageVAE:
@@ -75,8 +81,23 @@ def main(pack: str, base: str, family_name: str) -> dict:
             return comfy.sample.sample(model, noise, 2, 2.0, "euler", "simple", positive, negative, samples,
                                        denoise=1.0, disable_pbar=True, seed=3, noise_mask=latent.get("noise_mask"))
 
-    calls, sample = ((START_IMAGE_CALLS, start_image_sample) if family_name == "wan22"
-                     else (REFERENCE_CALLS, reference_sample))
+    def image_to_video_sample(model, width, height, frames, start_image, text):
+        from types import SimpleNamespace
+
+        latent = family.latent(width, height, frames=frames)
+        positive, negative = family.conditioning(text, seed=1), family.conditioning(text, seed=2)
+        if start_image:
+            generator = torch.Generator().manual_seed(6)
+            image = torch.randn((1, 32) + tuple(latent.shape[2:]), generator=generator)
+            width_in = env.module.vision_in_dim
+            vision = SimpleNamespace(last_hidden_state=torch.randn(1, SIGLIP_TOKENS, width_in, generator=generator))
+            for conditioning in (positive, negative):
+                conditioning[0][1].update(concat_latent_image=image, clip_vision_output=vision)
+        return F.sample(family, positive, negative, latent, model=model)
+
+    calls, sample = {"wan22": (START_IMAGE_CALLS, start_image_sample),
+                     "hunyuan-video15": (IMAGE_TO_VIDEO_CALLS, image_to_video_sample)}.get(
+        family_name, (REFERENCE_CALLS, reference_sample))
     rows = []
     for call in calls:
         before, mark = served_calls(env.name, env.module), len(env.registry.events)

@@ -343,6 +343,9 @@ def test_variants_sharing_a_comfyui_class_get_their_own_latent_units():
     assert r.spatial == (2, 64) and r.frames is None and image.geometry.tokens(_blocks.Dims(1, 64, 64)) == 4096
     video15, wan22 = _blocks.HunyuanVideo15Family(), _blocks.Wan22Family()
     assert _blocks.block_range(video15, 64, 1280, 1, 121).spatial == (4, 80)
+    # image-to-video joins 729 SigLIP tokens to a prompt of up to 1024
+    assert _blocks.block_range(video15, 64, 1280, 1, 121).sequence == (1, 1024 + 729)
+    assert _blocks.block_range(wan22, 64, 1280, 1, 121).sequence == (1, 1024)
     assert video15.geometry.tokens(_blocks.Dims(1, 45, 80, frames=31)) == 31 * 45 * 80
     r = _blocks.block_range(wan22, 64, 1280, 1, 121)
     assert r.spatial == (4, 80) and r.frames == (1, 31)

@@ -1,5 +1,6 @@
 """Image inputs beside the prompt with Model Speedup (needs COMFYUI_PATH): reference images (Flux Kontext, Flux 2
-edits through ComfyUI's ReferenceLatent) and Wan 2.2 5B's start image (Wan22ImageToVideoLatent).
+edits through ComfyUI's ReferenceLatent), Wan 2.2 5B's start image (Wan22ImageToVideoLatent) and HunyuanVideo 1.5's
+image-to-video (the image's latent and SigLIP features).
 
 Run in ComfyUI's Python by kf_image_inputs.py. A reference image adds its tokens to the image's, within the node's
 range: served by the block graphs with no compile, equal to the model without the node; past the range: eager,
@@ -41,6 +42,11 @@ def start_image(tmp_path_factory) -> dict:
     return _findings("wan22", tmp_path_factory)
 
 
+@pytest.fixture
+def image_to_video(tmp_path_factory) -> dict:
+    return _findings("hunyuan-video15", tmp_path_factory)
+
+
 def _served(findings, row) -> bool:
     events = row["events"]
     return (events["compile"] == 0 and events["fallback"] == 0 and events["block_eager_calls"] == 0
@@ -74,3 +80,13 @@ def test_wan22_start_image_and_text_to_video_share_the_graph(start_image):
     assert [row["call"][3] for row in start_image["rows"]] == [False, True, True, False]
     for row in start_image["rows"][1:]:
         assert _served(start_image, row), row
+
+
+def test_hunyuan_video15_image_to_video_with_a_long_prompt_is_served(image_to_video):
+    """The start image's 729 SigLIP tokens join the prompt's: a 400-token prompt makes 1129 text tokens, which the
+    family's text range holds (1024 + 729)."""
+    _first_compiles(image_to_video)
+    assert [(row["call"][3], row["call"][4]) for row in image_to_video["rows"]] == [
+        (False, 7), (True, 7), (True, 7), (True, 400)]
+    for row in image_to_video["rows"][1:]:
+        assert _served(image_to_video, row), row
