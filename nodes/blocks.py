@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import math
 from dataclasses import replace
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -45,7 +46,7 @@ from .attention import graph_attention
 from .attention import graph_attention_options as _graph_attention_options
 from .gguf import GGUFWeights, is_ggml_layer
 from .lowvram import PATCHED_ON_THE_FLY, LowVramWeights
-from .sizes import latent_range
+from .sizes import PROMPT_TOKENS, latent_range
 
 
 def input_dtype(base_model: Any) -> Optional[torch.dtype]:
@@ -98,9 +99,6 @@ def _first_in(module: torch.nn.Module) -> int:
         if isinstance(sub, torch.nn.Linear):
             return _in_features(sub)
     raise ValueError(f"{type(module).__name__} has no Linear layer")
-
-
-PROMPT_TOKENS = 1024  # the longest prompt (text encoder tokens) the block graphs take
 
 
 class ComfyFamily(BlockFamily):
@@ -454,11 +452,8 @@ class Kandinsky5Family(ComfyFamily):
             return super().block_forward(module, *args, **kwargs)
 
     def inputs(self, model, dims, randn, dtype, device):
-        patch = 1
-        for side in model.patch_size:
-            patch *= int(side)
         return {
-            "x": self.latent(model, dims, randn, int(model.visual_embed_dim) // patch),
+            "x": self.latent(model, dims, randn, int(model.visual_embed_dim) // math.prod(model.patch_size)),
             "t": self.timesteps(dims, device, 500.0),
             "context": randn(dims.batch, dims.text, _in_features(model.text_embeddings.in_layer)),
             "y": randn(dims.batch, _in_features(model.pooled_text_embeddings.in_layer)),
@@ -521,10 +516,10 @@ class HiDreamFamily(ComfyFamily):
         }
 
 
-FAMILIES: Tuple[ComfyFamily, ...] = (Flux2Family(), FluxFamily(), ChromaFamily(), SD3Family(), AuraFlowFamily(), Wan22Family(), WanFamily(),
-                                     QwenImageFamily(), HunyuanVideo15Family(),
-                                     HunyuanImage21Family(), HunyuanVideoFamily(), LTXVFamily(), Kandinsky5Family(), Lumina2Family(),
-                                     HiDreamFamily())
+FAMILIES: Tuple[ComfyFamily, ...] = (  # a variant before the family whose class it shares
+    Flux2Family(), FluxFamily(), ChromaFamily(), SD3Family(), AuraFlowFamily(), Wan22Family(), WanFamily(),
+    QwenImageFamily(), HunyuanVideo15Family(), HunyuanImage21Family(), HunyuanVideoFamily(), LTXVFamily(),
+    Kandinsky5Family(), Lumina2Family(), HiDreamFamily())
 _BY_CLASS: Dict[str, Tuple[ComfyFamily, ...]] = {}
 for _family in FAMILIES:  # variants first, as FAMILIES lists them
     for _name in _family.model_classes:

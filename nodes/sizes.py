@@ -35,8 +35,11 @@ def parse_batch_sizes(text: str) -> List[int]:
     return values
 
 
+PROMPT_TOKENS = 1024  # the longest prompt (text encoder tokens) the graphs take
+
+
 def latent_range(min_size: int, max_size: int, max_batch: int, batch_factor: int = 2, scale: int = 8,
-                 sequence: Tuple[int, int] = (1, 1024)) -> ShapeRange:
+                 sequence: Tuple[int, int] = (1, PROMPT_TOKENS)) -> ShapeRange:
     """The range a diffusion model is compiled for: image sizes in pixels, batches in images.
 
     `batch_factor` 2: ComfyUI batches the positive and negative prompt together.

@@ -292,17 +292,14 @@ class BlockServer:
         block_range = self.engine.block_range
         notes = []
         corners = {}
-        frames_corners = block_range.frames if block_range.frames is not None else (1,)
+        uses_frames = any(role == T.FRAMES for dims in self.roles.values() for role in dims.values())
         for batch in block_range.batch:
             for tokens in block_range.tokens:
                 for text in block_range.sequence:
-                    for frames in dict.fromkeys(frames_corners):
+                    for frames in (block_range.frames if uses_frames else (1,)):
                         corners[(batch, tokens, text, frames)] = T.role_values(
                             {T.BATCH: batch, T.TOKENS: tokens, T.SEQUENCE: text, T.FRAMES: frames})
-        uses_frames = any(role == T.FRAMES for dims in self.roles.values() for role in dims.values())
         for (batch, tokens, text, frames), counts in corners.items():
-            if not uses_frames and frames != frames_corners[0]:
-                continue
             shapes = T.shapes_at(call.shapes, call.tensor_paths, self.roles, counts)
             try:
                 failure = graph.why_not(_Shapes(shapes, call.tensor_paths))

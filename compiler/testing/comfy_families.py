@@ -90,13 +90,6 @@ UNET_CONFIGS: Dict[str, Dict[str, Any]] = {
         "global_modulation": True, "mlp_silu_act": True, "ops_bias": False, "default_ref_method": "index",
         "ref_index_scale": 10.0, "txt_ids_dims": [3], "yak_mlp": False, "txt_norm": False,
     },
-    "flux2-klein": {  # Flux 2 klein: the same layout without guidance distillation (Qwen3 text features)
-        "image_model": "flux2", "in_channels": 128, "out_channels": 128, "patch_size": 1, "vec_in_dim": None,
-        "context_in_dim": _TXT, "hidden_size": 64, "mlp_ratio": 3.0, "num_heads": 2, "depth": 2,
-        "depth_single_blocks": 2, "axes_dim": [8, 8, 8, 8], "theta": 2000, "qkv_bias": False, "guidance_embed": False,
-        "global_modulation": True, "mlp_silu_act": True, "ops_bias": False, "default_ref_method": "index",
-        "ref_index_scale": 10.0, "txt_ids_dims": [3], "yak_mlp": False, "txt_norm": False,
-    },
     "chroma": {
         "image_model": "chroma", "in_channels": 64, "out_channels": 64, "patch_size": 2, "vec_in_dim": None,
         "context_in_dim": _TXT, "hidden_size": 64, "mlp_ratio": 4.0, "num_heads": 2, "depth": 2,
@@ -202,6 +195,9 @@ UNET_CONFIGS: Dict[str, Dict[str, Any]] = {
         "text_emb_dim": _HIDREAM_POOLED,
     },
 }
+
+# Flux 2 klein: dev's layout without guidance distillation (Qwen3 text features).
+UNET_CONFIGS["flux2-klein"] = {**UNET_CONFIGS["flux2"], "guidance_embed": False}
 
 # The real models' configs (comfy.model_detection's keys for the released checkpoints), for the GPU runs
 # (compiler/testing/bench/comfy_gpu.py): SD1.5's UNet, and Flux dev at full width, built with REAL_FLUX_BLOCKS
