@@ -10,11 +10,13 @@ user is likely to run. Dimensions are given roles by a simple, documented rule
 - 4-D tensors ([B, C, H, W], latents and residuals): dims 2 and 3 are spatial;
 - 5-D tensors ([B, C, T, H, W]): dims 2, 3 and 4 are spatial.
 
-Two optional roles exist for transformer families: `frames` (latent frames of
-a video model, its own axis, never height or width) and `tokens` (the image or
+Three optional roles exist for transformer families: `frames` (latent frames
+of a video model, its own axis, never height or width), `tokens` (the image or
 video tokens a transformer block sees, derived from the pixel and frame range
-by the block engine in `compiler.blocks`). A range without them serialises
-exactly as before, so existing graph keys do not change.
+by the block engine in `compiler.blocks`) and `audio` (the audio tokens of a
+model that makes a soundtrack beside the video, LTX-2: their own stream,
+sized by the video's length). A range without them serialises exactly as
+before, so existing graph keys do not change.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ SPATIAL = "spatial"
 SEQUENCE = "sequence"
 FRAMES = "frames"
 TOKENS = "tokens"
+AUDIO = "audio"
 ROLES = (BATCH, SPATIAL, SEQUENCE)
-OPTIONAL_ROLES = (FRAMES, TOKENS)  # present only when set
+OPTIONAL_ROLES = (FRAMES, TOKENS, AUDIO)  # present only when set
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class ShapeRange:
     sequence: Tuple[int, int] = (1, 1024)
     frames: Optional[Tuple[int, int]] = None  # latent frames (video models)
     tokens: Optional[Tuple[int, int]] = None  # image/video tokens per sample (transformer blocks)
+    audio: Optional[Tuple[int, int]] = None  # audio tokens per sample (LTX-2's audio stream)
     # The multiple a whole-model graph traces the first spatial input on (compiler/alignment.py): None, the
     # model's own total downsampling; 1, sizes free (a decoder, which only upsamples).
     spatial_multiple: Optional[int] = None

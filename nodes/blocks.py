@@ -152,6 +152,10 @@ class ComfyFamily(BlockFamily):
         """How this model's latents become tokens (a model's config may change the family's default)."""
         return self.geometry
 
+    def block_reason(self, args: tuple, kwargs: dict) -> Optional[str]:
+        """Why this block call must run eager for what only this family's blocks read, or None."""
+        return None
+
     def block_inputs(self, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
         _register_dataclasses(args, kwargs)
         if "transformer_options" not in kwargs:
@@ -159,6 +163,10 @@ class ComfyFamily(BlockFamily):
         rest = dict(kwargs)
         del rest["transformer_options"]
         return args, rest
+
+    def reference_inputs(self, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+        # an empty transformer_options, as a call outside any sampler has (LTX-2's block reads it unconditionally)
+        return args, {"transformer_options": {}, **kwargs}
 
     def block_forward(self, module: torch.nn.Module, *args, **kwargs) -> Any:
         return type(module).forward(module, *args, transformer_options=_graph_attention_options(), **kwargs)
@@ -412,7 +420,17 @@ class HunyuanImage21Family(HunyuanVideoFamily):
         return len(model.patch_size) == 2
 
 
+LTX2_AUDIO_PER_SECOND = 25  # LTX-2's audio latents a second: 16 kHz, a mel hop of 160, 4 mel frames a latent
+LTX2_SLOWEST_FRAME_RATE = 8  # the slowest video the audio range is sized for (frames a second)
+
+
 class LTXVFamily(ComfyFamily):
+    """LTXV. A text-to-video step has one timestep a sample; where an image or video guides frames
+    (LTXVImgToVideo, LTXVAddGuide: a denoise mask), model_base.LTXV gives every token its own, and the block's
+    modulation inputs have one row a token instead of one. The example calls send one a token, and what a graph
+    computes spreads the rows it is given over the tokens (compiler/blocks/family.py `spread_rows`), so one graph
+    serves both forms."""
+
     name = "ltxv"
     model_classes = ("LTXVModel",)
     block_classes = ("BasicTransformerBlock",)
@@ -421,15 +439,77 @@ class LTXVFamily(ComfyFamily):
     frame_scale = 8
     geometry = Geometry(patch=1, patch_frames=1, video=True, default_frames=(1, 13))
     spatial_multiple = 1
+    timestep_rows = ("timestep",)
 
     def inputs(self, model, dims, randn, dtype, device):
         return {
             "x": self.latent(model, dims, randn, int(model.in_channels)),
-            "t": self.timesteps(dims, device, 0.5),
+            "t": self.token_timesteps(dims, self.geometry.tokens(dims), device),
             "context": randn(dims.batch, dims.text, _first_in(model.caption_projection)),
             "attention_mask": torch.ones(dims.batch, dims.text, dtype=torch.long, device=device),
             "frame_rate": 25,
         }
+
+    @staticmethod
+    def token_timesteps(dims: Dims, tokens: int, device) -> torch.Tensor:
+        """A timestep a token, as model_base.LTXV.process_timestep makes them under a denoise mask (varied: the
+        rows must not be one value)."""
+        return torch.linspace(0.2, 0.8, tokens, device=device).expand(dims.batch, tokens).contiguous()
+
+    def row_tokens(self, arguments: Dict[str, Any]) -> Dict[str, int]:
+        return {"timestep": arguments["x"].shape[1]}
+
+    def block_forward(self, module: torch.nn.Module, *args, **kwargs) -> Any:
+        args, kwargs = self.rows_spread(module, args, kwargs)
+        return super().block_forward(module, *args, **kwargs)
+
+
+class LTX2Family(LTXVFamily):
+    """LTX-2 (ComfyUI's LTXAV): LTXV's video stream beside an audio stream, joined by cross-attention both ways in
+    every block. The sampler's latent is a pair (video, audio); a block takes and returns both streams' tokens, so
+    its graph has a fourth count, the audio tokens (25 a second of video: LTX-2's audio VAE), sized from the
+    frames range at 8 frames a second or more."""
+
+    name = "ltx2"
+    model_classes = ("LTXAVModel",)
+    block_classes = ("BasicAVTransformerBlock",)
+    geometry = replace(LTXVFamily.geometry, audio_per_frame=LTXVFamily.frame_scale * LTX2_AUDIO_PER_SECOND
+                       / LTX2_SLOWEST_FRAME_RATE)
+    # What the block reads from transformer_options besides attention: stream switches (True unless a node says
+    # otherwise) that skip a stream or a cross-attention. A graph computes all of them.
+    STREAM_SWITCHES = ("run_vx", "run_ax", "a2v_cross_attn", "v2a_cross_attn")
+    # modulation inputs: the video's (v_) and the audio's (a_), a row per sample or per token of their stream
+    timestep_rows = ("v_timestep", "a_timestep", "v_cross_scale_shift_timestep", "a_cross_scale_shift_timestep",
+                     "v_cross_gate_timestep", "a_cross_gate_timestep")
+
+    def row_tokens(self, arguments):
+        video, audio = arguments["x"]
+        return {name: (video if name.startswith("v_") else audio).shape[1] for name in self.timestep_rows}
+
+    def inputs(self, model, dims, randn, dtype, device):
+        audio_channels = int(model.num_audio_channels)
+        return {
+            "x": [self.latent(model, dims, randn, int(model.in_channels)),
+                  randn(dims.batch, audio_channels, dims.audio, int(model.audio_in_channels) // audio_channels)],
+            # model_base.LTXAV.process_timestep: the video's and the audio's, a timestep a token of each
+            "t": (self.token_timesteps(dims, self.geometry.tokens(dims), device),
+                  self.token_timesteps(dims, dims.audio, device)),
+            "context": randn(dims.batch, dims.text, 2 * _first_in(model.caption_projection)),  # video half, audio half
+            "attention_mask": torch.ones(dims.batch, dims.text, dtype=torch.long, device=device),
+            "frame_rate": 25,
+        }
+
+    def block_reason(self, args: tuple, kwargs: dict) -> Optional[str]:
+        options = kwargs.get("transformer_options") or {}
+        off = [key for key in self.STREAM_SWITCHES if not options.get(key, True)]
+        if off:
+            return (f"its transformer_options turn off {', '.join(off)} (a node skipping a stream), which its graph "
+                    "computes")
+        streams = args[0] if args else kwargs.get("x")
+        if isinstance(streams, (tuple, list)) and len(streams) == 2 and streams[1].shape[1] == 0:
+            return ("the call has no audio (LTX-2 making a video without sound): its graphs are built for video and "
+                    "audio together")
+        return None
 
 
 class Kandinsky5Family(ComfyFamily):
@@ -519,7 +599,7 @@ class HiDreamFamily(ComfyFamily):
 FAMILIES: Tuple[ComfyFamily, ...] = (  # a variant before the family whose class it shares
     Flux2Family(), FluxFamily(), ChromaFamily(), SD3Family(), AuraFlowFamily(), Wan22Family(), WanFamily(),
     QwenImageFamily(), HunyuanVideo15Family(), HunyuanImage21Family(), HunyuanVideoFamily(), LTXVFamily(),
-    Kandinsky5Family(), Lumina2Family(), HiDreamFamily())
+    LTX2Family(), Kandinsky5Family(), Lumina2Family(), HiDreamFamily())
 _BY_CLASS: Dict[str, Tuple[ComfyFamily, ...]] = {}
 for _family in FAMILIES:  # variants first, as FAMILIES lists them
     for _name in _family.model_classes:
@@ -565,6 +645,10 @@ class BlockPolicy:
                     f"({getattr(override, '__qualname__', type(override).__name__)}), which runs Python inside the "
                     "block")
         family = instance.server.engine.family
+        block_reason = getattr(family, "block_reason", None)
+        reason = block_reason(args, kwargs) if block_reason is not None else None
+        if reason:
+            return reason
         lowvram = getattr(family, "lowvram", None)
         if any(sub.weight_function or sub.bias_function for sub in self._castable(instance)):
             reason = lowvram.reason(instance.module) if lowvram is not None else PATCHED_ON_THE_FLY

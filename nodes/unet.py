@@ -255,6 +255,8 @@ _LARGER_IMAGES = "a larger max_resolution on Model Speedup covers it: size it fo
 RANGE_ADVICE = {"tokens": _LARGER_IMAGES, "joint": _LARGER_IMAGES,
                 "batch": "a larger max_batch_size on Model Speedup covers it",
                 "frames": "a larger max_frames on Model Speedup covers it",
+                "audio": "a larger max_frames on Model Speedup covers it (the audio range is sized for max_frames "
+                         "at 8 frames a second or more)",
                 "sequence": "the graphs take prompts up to the range's text tokens; a longer prompt runs uncompiled"}
 
 

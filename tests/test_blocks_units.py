@@ -142,6 +142,32 @@ def test_a_frames_axis_is_named_apart_from_the_batch():
     assert T.counts_of(image, first)[T.FRAMES] == T.counts_of(image, second)[T.FRAMES] == 1  # never a role
 
 
+def test_an_audio_stream_is_a_role_of_its_own_sized_by_the_frames():
+    """LTX-2's blocks take the soundtrack's tokens beside the video's: the probes change them unlike every other
+    count, the axis is named `audio`, its range follows the frames range, and a range without audio keeps its key."""
+    geometry = T.Geometry(patch=1, video=True, default_frames=(1, 13), audio_per_frame=25.0)
+    for rng in (ShapeRange(batch=(1, 4), spatial=(2, 16), sequence=(1, 1024), frames=(1, 3)),
+                ShapeRange(batch=(1, 2), spatial=(4, 4), sequence=(1, 77), frames=(1, 13))):
+        first, second = T.probe_dims(geometry, rng, 1)
+        a, b = T.counts_of(geometry, first), T.counts_of(geometry, second)
+        changing = [(a[r], b[r]) for r in T.BASE_ROLES if a[r] != b[r]]
+        assert a[T.AUDIO] != b[T.AUDIO] and a[T.AUDIO] >= 2 and len(set(changing)) == len(changing), (first, second)
+        blocks = geometry.block_range(rng)
+        assert blocks.audio == (1, 25 * rng.frames[1])
+        assert blocks.audio[0] <= min(a[T.AUDIO], b[T.AUDIO]) and max(a[T.AUDIO], b[T.AUDIO]) <= blocks.audio[1]
+        assert ShapeRange.from_json(blocks.to_json()) == blocks
+        streams = [(a[T.BATCH], a[T.TOKENS], 64), (a[T.BATCH], a[T.AUDIO], 32)], \
+            [(b[T.BATCH], b[T.TOKENS], 64), (b[T.BATCH], b[T.AUDIO], 32)]
+        assert T.infer_roles(["vx", "ax"], *streams, a, b) == {"vx": {0: "batch", 1: "tokens"},
+                                                              "ax": {0: "batch", 1: "audio"}}
+        role, why = T.outside_range(["ax"], [(2, blocks.audio[1] + 1, 32)], {"ax": {1: "audio"}}, blocks)
+        assert role == "audio" and why.startswith(f"ax.shape[1] is {blocks.audio[1] + 1}, audio tokens")
+    video = T.Geometry(patch=1, video=True, default_frames=(1, 13))
+    rng = ShapeRange(batch=(1, 4), spatial=(2, 16), sequence=(1, 1024), frames=(1, 3))
+    assert video.block_range(rng).audio is None and "audio" not in video.block_range(rng).to_json()
+    assert T.counts_of(video, T.probe_dims(video, rng, 1)[0])[T.AUDIO] == 0
+
+
 def test_a_call_outside_the_range_is_named_by_what_it_counts():
     """Flux Kontext and Flux 2 edits add a reference image's tokens to the image tokens: a call past the range
     says so in those words, not as a bare shape guard."""

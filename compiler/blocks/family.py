@@ -12,7 +12,8 @@ ComfyUI).
 
 from __future__ import annotations
 
-from typing import Any, ContextManager, Optional, Sequence, Tuple
+import inspect
+from typing import Any, ContextManager, Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -30,6 +31,9 @@ class BlockFamily:
     split_stacks: bool = False  # one structure in several stacks called on different tokens: apart
     latent_scale: int = 8  # image pixels per latent pixel (what a node's pixel range is divided by)
     frame_scale: int = 1  # video frames per latent frame after the first (Wan, HunyuanVideo: 4; LTXV: 8)
+    # Block inputs that hold a timestep either once per sample or once per token (dim 1): named from example calls
+    # that send one per token, served in both forms by one graph (`block_forward` spreads them over the tokens).
+    timestep_rows: Tuple[str, ...] = ()
 
     def example_call(self, model: torch.nn.Module, dims: Dims) -> Tuple[tuple, dict]:
         """A call of the whole model at `dims`, built from its config (random inputs)."""
@@ -62,6 +66,26 @@ class BlockFamily:
         `transformer_options`); the block's eager forward still gets the call as made."""
         return args, kwargs
 
+    def row_tokens(self, arguments: Dict[str, Any]) -> Dict[str, int]:
+        """For each of `timestep_rows` in a block call (its arguments by name), the tokens its rows cover."""
+        return {}
+
+    def rows_spread(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+        """A block call with each of its `timestep_rows` inputs spread over its tokens (`spread_rows`): what a
+        graph computes from either form."""
+        if not self.timestep_rows:
+            return args, kwargs
+        bound = inspect.signature(type(module).forward).bind(module, *args, **kwargs)
+        for name, tokens in self.row_tokens(bound.arguments).items():
+            if bound.arguments.get(name) is not None:
+                bound.arguments[name] = spread_rows(bound.arguments[name], tokens)
+        return bound.args[1:], bound.kwargs
+
+    def reference_inputs(self, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+        """A call rebuilt from a graph's inputs (`block_inputs` dropped its side inputs) as the block's eager
+        forward takes it for a reference output: the side inputs a plain call has given back."""
+        return args, kwargs
+
     def block_forward(self, module: torch.nn.Module, *args, **kwargs) -> Any:
         """What a block graph computes for a call of `module` (traced once per block structure).
 
@@ -80,6 +104,13 @@ class BlockFamily:
 
     def describe(self) -> str:
         return self.name
+
+
+def spread_rows(timestep: torch.Tensor, tokens: int) -> torch.Tensor:
+    """[batch, rows, ...] -> [batch, tokens, ...], token i taking row i * rows // tokens: one row for all tokens, or
+    each token its own, with a gather and no branch on which (Inductor folds it into the kernels that read it)."""
+    rows = torch.div(torch.arange(tokens, device=timestep.device) * timestep.shape[1], tokens, rounding_mode="floor")
+    return timestep.index_select(1, rows)
 
 
 def _randn(shape, like: Tuple[torch.dtype, torch.device], generator: torch.Generator) -> torch.Tensor:

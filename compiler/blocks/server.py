@@ -16,6 +16,8 @@ retired for those shapes.
 
 from __future__ import annotations
 
+import itertools
+
 import logging
 import threading
 import time
@@ -190,7 +192,8 @@ class BlockServer:
         if a.treespec != b.treespec or a.signature.constants != b.signature.constants:
             return "its input structure changes with the call's size (a Python value among its inputs differs)"
         try:
-            roles = T.infer_roles(a.tensor_paths, a.shapes, b.shapes, *counts)
+            roles = T.rows_roles(T.infer_roles(a.tensor_paths, a.shapes, b.shapes, *counts),
+                                 self.engine.family.timestep_rows)
         except T.UnknownDimension as error:
             return f"an input size is not a batch or token count: {error}"
         call = FlatCall(*self.normalise(*first), role_policy=lambda path, tensor: roles.get(path, {}))
@@ -264,9 +267,10 @@ class BlockServer:
         variants = [at_one] + ([[role] for role in at_one] if len(at_one) > 1 else [])
         with torch.no_grad():
             for roles in variants:
-                counts = dict(probe)
+                # a timestep's rows follow its tokens unless they are at one themselves
+                counts = {k: v for k, v in T.counted(probe).items() if not k.startswith(T.ROWS)}
                 counts.update({role: 1 for role in roles})
-                counts = T.role_values(T.counted(counts))
+                counts = T.role_values(counts)
                 shapes = T.shapes_at(call.shapes, paths, self.roles, counts)
                 tensors = [_cut(t, shape) for t, shape in zip(call.tensors, shapes)]
                 where = ", ".join(f"{role} 1" for role in roles)
@@ -285,29 +289,28 @@ class BlockServer:
         # bound as a served call binds (the family's per-call tensors included), not by the module's own tensors
         weights = InstanceWeights(instance.module, self.engine.family.call_tensors)
         output = SharedRunner(graph).run(weights, flat.tensors, call.rebuild)
-        return compare(output, instance.eager(args, kwargs))
+        return compare(output, instance.eager(*self.engine.family.reference_inputs(args, kwargs)))
 
     def _corner_notes(self, graph: CompiledGraph, call: FlatCall) -> List[str]:
         """Range corners the graph's guards exclude (they will run eager), read without running it."""
         block_range = self.engine.block_range
         notes = []
-        corners = {}
-        uses_frames = any(role == T.FRAMES for dims in self.roles.values() for role in dims.values())
-        for batch in block_range.batch:
-            for tokens in block_range.tokens:
-                for text in block_range.sequence:
-                    for frames in (block_range.frames if uses_frames else (1,)):
-                        corners[(batch, tokens, text, frames)] = T.role_values(
-                            {T.BATCH: batch, T.TOKENS: tokens, T.SEQUENCE: text, T.FRAMES: frames})
-        for (batch, tokens, text, frames), counts in corners.items():
+        used = {role for dims in self.roles.values() for role in dims.values()}
+        # frames and audio tokens are corners only where an input has them (most families' calls have neither)
+        extra = [role for role in (T.FRAMES, T.AUDIO) if role in used]
+        for corner in itertools.product(*(block_range.bounds(role) for role in (T.BATCH, T.TOKENS, T.SEQUENCE)),
+                                        *(block_range.bounds(role) for role in extra)):
+            values = dict(zip((T.BATCH, T.TOKENS, T.SEQUENCE, *extra), corner))
+            counts = T.role_values({T.FRAMES: 1, T.AUDIO: 0, **values})
             shapes = T.shapes_at(call.shapes, call.tensor_paths, self.roles, counts)
             try:
                 failure = graph.why_not(_Shapes(shapes, call.tensor_paths))
             except Exception as error:
                 failure = f"its guards cannot be checked ({type(error).__name__}: {error})"
             if failure:
-                where = f", {frames} latent frames" if uses_frames else ""
-                notes.append(f"batch {batch}, {tokens} image tokens, {text} text tokens{where}: {failure}")
+                where = "".join(f", {values[role]} {T.role_words(role).split(' (')[0]}" for role in extra)
+                notes.append(f"batch {values[T.BATCH]}, {values[T.TOKENS]} image tokens, {values[T.SEQUENCE]} text "
+                             f"tokens{where}: {failure}")
         return notes
 
     def save(self, store) -> Optional[str]:

@@ -13,13 +13,19 @@ Roles of a block input dimension:
 
 - `batch`, `tokens` (image/video tokens), `sequence` (text tokens), `frames`
   (latent frames after temporal patching: Wan 2.2 5B gives each frame its own
-  timestep, so its modulation has a frames axis);
+  timestep, so its modulation has a frames axis), `audio` (the audio tokens
+  of a model that makes sound beside the video, LTX-2);
 - `joint`: tokens + sequence;
 - `sequence*<k>`, `joint*<k>`: k times the text tokens (alone, or after the
   image tokens), for models that join k text encoders' tokens (HiDream: T5,
   Llama and each block's own Llama layer, 3 x the prompt);
 - `<role>+<n>`: a role plus a constant (e.g. 257 image-prompt tokens before
   the text);
+- `rows:<role>`: the rows of a timestep that is either one for the whole
+  sample or one per token (LTXV and LTX-2 give each token its own where an
+  image guides frames): named `tokens` (or `audio`) from probes that send
+  one per token, then renamed by the family (`rows_roles`), its bounds
+  widened down to 1, so that one graph serves both forms;
 - anything else that changes between the probes is *unknown*: that block
   structure runs eager, with the input named in the reason.
 """
@@ -30,11 +36,11 @@ import math
 from dataclasses import dataclass, replace
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..shapes import ShapeRange
+from ..shapes import AUDIO, ShapeRange
 
 BATCH, TOKENS, SEQUENCE, JOINT, FRAMES = "batch", "tokens", "sequence", "joint", "frames"
-COUNTED = (BATCH, TOKENS, SEQUENCE, FRAMES)  # the counts a call has; the other roles are made from them
-BASE_ROLES = (BATCH, TOKENS, SEQUENCE, JOINT, FRAMES)
+COUNTED = (BATCH, TOKENS, SEQUENCE, FRAMES, AUDIO)  # the counts a call has; the other roles are made from them
+BASE_ROLES = (BATCH, TOKENS, SEQUENCE, JOINT, FRAMES, AUDIO)
 TEXT_MULTIPLES = (2, 3, 4)
 # Tried after the base roles when naming a dimension (a coincidence then names the simpler role).
 MULTIPLE_ROLES = tuple(f"{base}*{k}" for k in TEXT_MULTIPLES for base in (SEQUENCE, JOINT))
@@ -51,10 +57,12 @@ class Dims:
     width: int
     frames: int = 1  # latent frames (1 for images)
     text: int = 77  # text tokens
+    audio: int = 0  # audio tokens (0: no audio stream)
 
     def describe(self) -> str:
         frames = f" x {self.frames} frames" if self.frames != 1 else ""
-        return f"batch {self.batch}, latent {self.height}x{self.width}{frames}, {self.text} text tokens"
+        audio = f", {self.audio} audio tokens" if self.audio else ""
+        return f"batch {self.batch}, latent {self.height}x{self.width}{frames}, {self.text} text tokens{audio}"
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,9 @@ class Geometry:
     # The model pads image tokens and text tokens up to a multiple of this before its blocks
     # (Z-Image: 32), so blocks only ever see multiples of it.
     token_multiple: int = 1
+    # Audio tokens per latent frame at the slowest frame rate served, for a model with an audio stream beside the
+    # video (LTX-2); 0: none. The audio range follows the frames range with it.
+    audio_per_frame: float = 0.0
 
     def padded(self, count: int) -> int:
         """A token count as the blocks see it, after the model's padding."""
@@ -82,6 +93,12 @@ class Geometry:
     def frames(self, dims: Dims) -> int:
         """Latent frames as the blocks see them (after temporal patching)."""
         return max(1, dims.frames // self.patch_frames)
+
+    def audio_range(self, shape_range: ShapeRange) -> Tuple[int, int]:
+        """Audio tokens of the videos the frames range holds (one at the least)."""
+        if shape_range.audio is not None:
+            return tuple(shape_range.audio)
+        return 1, max(2, math.ceil(self.frames_range(shape_range)[1] * self.audio_per_frame))
 
     def frames_range(self, shape_range: ShapeRange) -> Tuple[int, int]:
         if shape_range.frames is not None:
@@ -105,12 +122,20 @@ class Geometry:
         """The declared range with the token bounds (and frames) filled in, text tokens as the blocks
         see them (padded): the key of a block graph."""
         frames = self.frames_range(shape_range) if self.video else shape_range.frames
+        audio = self.audio_range(shape_range) if self.audio_per_frame else shape_range.audio
         return replace(shape_range, frames=frames, tokens=self.token_range(shape_range),
-                       sequence=self.sequence_range(shape_range))
+                       sequence=self.sequence_range(shape_range), audio=audio)
+
+
+ROWS = "rows:"
 
 
 def role_values(counts: Dict[str, int]) -> Dict[str, int]:
+    """Every role's size from the counted ones (a timestep's rows: one per token unless given)."""
     out = dict(counts)
+    for role in (TOKENS, AUDIO):
+        if role in counts:
+            out.setdefault(ROWS + role, counts[role])
     out[JOINT] = counts[TOKENS] + counts[SEQUENCE]
     for k in TEXT_MULTIPLES:
         out[f"{SEQUENCE}*{k}"] = k * counts[SEQUENCE]
@@ -120,21 +145,35 @@ def role_values(counts: Dict[str, int]) -> Dict[str, int]:
 
 def counts_of(geometry: Geometry, dims: Dims) -> Dict[str, int]:
     return role_values({BATCH: dims.batch, TOKENS: geometry.tokens(dims), SEQUENCE: geometry.text(dims),
-                        FRAMES: geometry.frames(dims)})
+                        FRAMES: geometry.frames(dims), AUDIO: dims.audio})
 
 
 def counted(counts: Dict[str, int]) -> Dict[str, int]:
-    """The counts among `counts` that roles are made from (the role values of another call, read back)."""
-    return {k: counts[k] for k in COUNTED if k in counts}
+    """The counts among `counts` that roles are made from (the role values of another call, read back), with
+    a timestep's rows where they were set apart from the tokens."""
+    return {k: counts[k] for k in counts if k in COUNTED or k.startswith(ROWS)}
+
+
+def rows_roles(roles: RoleMap, inputs: Sequence[str]) -> RoleMap:
+    """`roles` with dim 1 of each of `inputs` (a timestep per token, or one per sample) a timestep's rows."""
+    out: RoleMap = {}
+    for path, dims in roles.items():
+        dims = dict(dims)
+        if path in inputs and dims.get(1) in (TOKENS, AUDIO):
+            dims[1] = ROWS + dims[1]
+        out[path] = dims
+    return out
 
 
 _ROLE_WORDS = {BATCH: "the batch", TOKENS: "image tokens (the latent's, and any reference image's)",
                SEQUENCE: "text tokens", JOINT: "image and text tokens (a reference image's included)",
-               FRAMES: "latent frames"}
+               FRAMES: "latent frames", AUDIO: "audio tokens (the soundtrack's latent, as long as the video)"}
 
 
 def role_words(role: str) -> str:
     """What a role counts, in a user's words ("image and text tokens", "3 x text tokens + 257")."""
+    if role.startswith(ROWS):
+        return f"timestep rows (one, or one for each of the {role_words(role[len(ROWS):])})"
     base, _, offset = role.partition("+")
     base, _, times = base.partition("*")
     words = (f"{times} x " if times else "") + _ROLE_WORDS.get(base, base)
@@ -150,13 +189,15 @@ def outside_range(paths: Sequence[str], shapes: Sequence[Sequence[int]], roles: 
             size = int(shape[dim])
             if not low <= size <= high:
                 side = f"more than the {high}" if size > high else f"fewer than the {low}"
-                return (role.partition("+")[0].partition("*")[0],
+                return (role.removeprefix(ROWS).partition("+")[0].partition("*")[0],
                         f"{path}.shape[{dim}] is {size}, {role_words(role)}: {side} its graph was built for")
     return None
 
 
 def role_bounds(role: str, block_range: ShapeRange) -> Tuple[int, int]:
     """Inclusive bounds of a role (with its constant offset) in a block range."""
+    if role.startswith(ROWS):
+        return 1, role_bounds(role[len(ROWS):], block_range)[1]
     base, _, offset = role.partition("+")
     extra = int(offset) if offset else 0
     base, _, times = base.partition("*")
@@ -211,6 +252,8 @@ def probe_dims(geometry: Geometry, shape_range: ShapeRange, spatial_multiple: in
     f_low, f_high = geometry.frames_range(shape_range)
     f1, f2 = _frames_pair(f_low, f_high, (b1, b2)) if geometry.video else (1, 1)
     s_low, s_high = shape_range.sequence
+    audio = (list(_audio_candidates(*geometry.audio_range(shape_range))) if geometry.audio_per_frame
+             else [(0, 0)])
     smallest = None
     for side, wider in _side_pairs(geometry, shape_range.spatial, spatial_multiple, f1, f2):
         smallest = smallest or (side, wider)
@@ -218,12 +261,14 @@ def probe_dims(geometry: Geometry, shape_range: ShapeRange, spatial_multiple: in
         candidates = (_text_candidates(s_low, s_high) if geometry.token_multiple == 1
                       else _padded_text_candidates(geometry, s_low, s_high))
         for t1, t2 in candidates:
-            pair = (replace(first, text=t1), replace(second, text=t2))
-            if _distinct(geometry, *pair):
-                return pair
+            for a1, a2 in audio:
+                pair = (replace(first, text=t1, audio=a1), replace(second, text=t2, audio=a2))
+                if _distinct(geometry, *pair):
+                    return pair
     side, wider = smallest
     t1, t2 = _two(s_low, s_high, preferred=(7, 11))
-    return Dims(b1, side, wider, f1, t1), Dims(b2, wider, wider, f2, t2)
+    a1, a2 = audio[0]
+    return Dims(b1, side, wider, f1, t1, a1), Dims(b2, wider, wider, f2, t2, a2)
 
 
 def _side_pairs(geometry: Geometry, spatial: Tuple[int, int], multiple: int, f1: int,
@@ -274,6 +319,16 @@ def _text_candidates(low: int, high: int) -> Iterable[Tuple[int, int]]:
         yield low, high
 
 
+def _audio_candidates(low: int, high: int) -> Iterable[Tuple[int, int]]:
+    """Audio token pairs, small ones first (the first >= 2)."""
+    for a1 in (5, 6, 9, 10, 14, 15):
+        for a2 in (8, 12, 21, 22, 25, 26, 27):
+            if a1 != a2 and low <= a1 <= high and low <= a2 <= high:
+                yield a1, a2
+    if low != high:
+        yield max(low, 2), high
+
+
 def _distinct(geometry: Geometry, first: Dims, second: Dims) -> bool:
     """No two changing roles change alike; the first probe (the one traced) has no size below 2."""
     a, b = counts_of(geometry, first), counts_of(geometry, second)
@@ -314,6 +369,8 @@ def infer_roles(paths: Sequence[str], shapes_a: Sequence[Sequence[int]], shapes_
                     f"text tokens ({counts_a[SEQUENCE]}, {counts_b[SEQUENCE]})"
                     + (f" or latent frames ({counts_a[FRAMES]}, {counts_b[FRAMES]})"
                        if counts_a.get(FRAMES, 1) != counts_b.get(FRAMES, 1) else "")
+                    + (f" or audio tokens ({counts_a[AUDIO]}, {counts_b[AUDIO]})"
+                       if counts_a.get(AUDIO, 0) != counts_b.get(AUDIO, 0) else "")
                 )
             dims[dim] = role
         if dims:

@@ -1,7 +1,7 @@
 """Tiny random-weight models of ComfyUI's DiT families, ready to sample through `comfy.sample`.
 
 The ComfyUI tests and the bench need every model family the pack compiles
-(Flux, Chroma, SD3, AuraFlow, Wan 2.1, Qwen-Image, HunyuanVideo, LTXV, Lumina 2,
+(Flux, Chroma, SD3, AuraFlow, Wan 2.1, Qwen-Image, HunyuanVideo, LTXV, LTX-2, Lumina 2,
 Z-Image, HiDream) without downloading weights. Each family is built from ComfyUI's own
 classes (`comfy.supported_models.<X>(unet_config).get_model(state_dict={})`),
 so the diffusion model, its `model_base` wrapper, the extra conds and the
@@ -21,6 +21,7 @@ functions (through `comfy_models._comfy`, which also forces `--cpu` before
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -30,14 +31,15 @@ from .comfy_models import _FLOAT8, _INIT_TYPES, _comfy, _init
 
 FAMILIES: Tuple[str, ...] = (
     "flux", "flux2", "flux2-klein", "chroma", "sd3", "auraflow", "wan", "wan22", "qwen-image", "hunyuan-video",
-    "hunyuan-video15", "hunyuan-image21", "ltxv", "kandinsky5", "lumina2", "z-image", "hidream",
+    "hunyuan-video15", "hunyuan-image21", "ltxv", "ltxav", "kandinsky5", "lumina2", "z-image", "hidream",
 )
-VIDEO_FAMILIES: Tuple[str, ...] = ("wan", "wan22", "wan-i2v", "hunyuan-video", "hunyuan-video15", "ltxv",
+VIDEO_FAMILIES: Tuple[str, ...] = ("wan", "wan22", "wan-i2v", "hunyuan-video", "hunyuan-video15", "ltxv", "ltxav",
                                     "kandinsky5")
 # SD-style UNets (whole-model graphs, not blocks): ComfyUI's UNetModel as SD1.5 and SDXL configure it.
 UNET_FAMILIES: Tuple[str, ...] = ("sd15", "sdxl")
 # Variants only the template tests build (their workflows feed what these take: a start image, CLIP vision).
 TEMPLATE_FAMILIES: Tuple[str, ...] = FAMILIES + ("wan-i2v",)
+LTX2_AUDIO_LATENTS_PER_SECOND = 25  # LTX-2's audio VAE: 16 kHz, a mel hop of 160, 4 mel frames a latent
 CLIP_VISION_TOKENS, CLIP_VISION_WIDTH = 257, 1280  # CLIP-ViT-H's penultimate hidden states, as Wan i2v takes them
 
 # Sizes of the text features each tiny family takes (the real models take 2048-4096).
@@ -165,6 +167,14 @@ UNET_CONFIGS: Dict[str, Dict[str, Any]] = {
         "image_model": "ltxv", "num_layers": 2, "attention_head_dim": 32, "num_attention_heads": 2,
         "cross_attention_dim": 64, "caption_channels": _TXT, "in_channels": 128,
     },
+    "ltxav": {
+        # LTX-2: LTXV's video stream beside an audio stream (8 channels x 16 frequency bins a latent, patched to
+        # 128), each with its own heads, joined by cross-attention both ways in every block. The audio stream's
+        # width (heads x head width) is also its cross-attention width, as in the real model (32 x 64 = 2048).
+        "image_model": "ltxav", "num_layers": 2, "attention_head_dim": 32, "num_attention_heads": 2,
+        "cross_attention_dim": 64, "caption_channels": _TXT, "in_channels": 128, "audio_in_channels": 128,
+        "audio_attention_head_dim": 16, "audio_num_attention_heads": 2, "audio_cross_attention_dim": 32,
+    },
     "kandinsky5": {
         # Kandinsky 5 video lite in small: 33 input channels (latent, image latent, mask) in 1x2x2 patches,
         # Qwen2.5-VL hidden states and a CLIP-L pooled vector, head width sum(axes_dims).
@@ -225,7 +235,7 @@ _SUPPORTED = {  # family -> class name in comfy.supported_models
     "flux": "Flux", "flux2": "Flux2", "flux2-klein": "Flux2", "chroma": "Chroma", "sd3": "SD3", "auraflow": "AuraFlow", "wan": "WAN21_T2V", "wan22": "WAN22_T2V", "wan-i2v": "WAN21_I2V",
     "qwen-image": "QwenImage", "hunyuan-video": "HunyuanVideo",
     "hunyuan-video15": "HunyuanVideo15", "hunyuan-image21": "HunyuanImage21", "ltxv": "LTXV",
-    "kandinsky5": "Kandinsky5", "lumina2": "Lumina2",
+    "ltxav": "LTXAV", "kandinsky5": "Kandinsky5", "lumina2": "Lumina2",
     "z-image": "ZImage", "hidream": "HiDream",
 }
 
@@ -250,7 +260,8 @@ class TinyFamily:
         4-D latent becomes 5-D [B,16,1,h,w] in `sample`, as in KSampler),
         EmptyLatentImage (AuraFlow: 4 ch, /8), EmptyHunyuanLatentVideo (Wan,
         HunyuanVideo: 16 ch, /8, (frames-1)//4+1 latent frames), EmptyLTXVLatentVideo
-        (LTXV: 128 ch, /32, (frames-1)//8+1 latent frames).
+        (LTXV: 128 ch, /32, (frames-1)//8+1 latent frames; LTX-2 with its audio latent, 25 a second at 25 fps,
+        as ComfyUI's NestedTensor).
         """
         return self._latent(width, height, batch, frames)
 
@@ -296,6 +307,11 @@ def _conditioning_fn(name: str, widths: Optional[Dict[str, int]] = None) -> Call
         elif name == "hunyuan-video":
             cond = _randn((1, tokens, _TXT), g)
             extras.update(pooled_output=_randn((1, _POOLED), g), guidance=6.0)
+        elif name == "ltxav":
+            # LTX-2's Gemma 3 features through its two connectors, joined: the video half then the audio half (the
+            # model splits them), with an all-ones mask as its text encoder gives.
+            cond = torch.cat([_randn((1, tokens, _TXT), g), _randn((1, tokens, _TXT), g)], dim=-1)
+            extras["attention_mask"] = torch.ones((1, tokens), dtype=torch.long)
         elif name == "ltxv":
             # T5 with return_attention_masks: long mask, the padded tail masked out (LTXVModel.forward requires
             # attention_mask positionally). Here the last quarter of the tokens plays the padding.
@@ -331,6 +347,11 @@ def _latent_fn(name: str) -> Callable[[int, int, int, int], torch.Tensor]:
             return torch.zeros([batch, 16, ((frames - 1) // 4) + 1, height // 8, width // 8])
         if name == "ltxv":
             return torch.zeros([batch, 128, ((frames - 1) // 8) + 1, height // 32, width // 32])
+        if name == "ltxav":  # LTXVConcatAVLatent of EmptyLTXVLatentVideo and LTXVEmptyLatentAudio (25 fps)
+            from comfy.nested_tensor import NestedTensor
+            audio = math.ceil(frames / 25 * LTX2_AUDIO_LATENTS_PER_SECOND)
+            return NestedTensor((torch.zeros([batch, 128, ((frames - 1) // 8) + 1, height // 32, width // 32]),
+                                 torch.zeros([batch, 8, audio, 16])))
         if name in ("flux2", "flux2-klein"):  # EmptyFlux2LatentImage
             return torch.zeros([batch, 128, height // 16, width // 16])
         if name in ("auraflow", "sd15", "sdxl"):  # EmptyLatentImage

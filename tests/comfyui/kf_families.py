@@ -62,10 +62,17 @@ def main(pack: str, base: str, family_name: str, phase: str, dtype: str = "float
             before = counts()
             got = sample(model, width, height, batch, text, frames)
             want = sample(reference_model, width, height, batch, text, frames)
-            rows.append({"call": [width, height, batch, text, frames], "diff": float((got - want).abs().max()),
-                         "scale": float(want.abs().max()), "finite": bool(torch.isfinite(got).all()),
-                         "events": delta(before)})
+            rows.append({"call": [width, height, batch, text, frames], "diff": difference(got, want),
+                         "scale": max(float(t.abs().max()) for t in parts(want)),
+                         "finite": all(bool(torch.isfinite(t).all()) for t in parts(got)), "events": delta(before)})
         return rows
+
+    def parts(latent) -> list:
+        """A latent's tensors: one, or LTX-2's video and audio (ComfyUI's NestedTensor)."""
+        return list(latent.unbind()) if getattr(latent, "is_nested", False) else [latent]
+
+    def difference(got, want) -> float:
+        return max(float((a - b).abs().max()) for a, b in zip(parts(got), parts(want)))
 
     def fallbacks_since(mark: int) -> list:
         return [e.reason for e in registry.events[mark:] if e.kind == "fallback"]
@@ -108,11 +115,11 @@ def main(pack: str, base: str, family_name: str, phase: str, dtype: str = "float
             # constants kept them for good; compiler/backends/borrowed_weights.py)
             bound_patched.extend(StorageWeakRef(comfy.utils.get_attr(fast.model, k).untyped_storage()) for k in keys)
             want = sample(patched_ref, *SWEEP[0])
-            lora.append({"strength": strength, "diff": float((got - want).abs().max()),
-                         "changed": float((got - plain).abs().max()), "events": delta(before)})
+            lora.append({"strength": strength, "diff": difference(got, want), "changed": difference(got, plain),
+                         "events": delta(before)})
         before = counts()
         off = sample(fast, *SWEEP[0])
-        lora.append({"strength": 0.0, "diff": float((off - plain).abs().max()), "changed": 0.0,
+        lora.append({"strength": 0.0, "diff": difference(off, plain), "changed": 0.0,
                      "events": delta(before)})
         out["lora"] = lora
         out["lora_patched_keys"] = len(keys)

@@ -10,8 +10,11 @@ which node input covers them. FAMILY `wan22`: ComfyUI's Wan22ImageToVideoLatent 
 mask) makes Wan 2.2's 5B take one timestep per latent frame; text-to-video takes one per call. Both are served by
 the one block graph. FAMILY `hunyuan-video15`: image-to-video (the start image's latent joined to the noise's
 channels, its 729 SigLIP features joined to the prompt's tokens, as HunyuanVideo 1.5's nodes give them), with a
-short prompt and a 400-token one (1129 text tokens), against text-to-video on the same graph. Each call against the
-same model without the node. Prints one JSON object after "KEEPFAST-RESULT ".
+short prompt and a 400-token one (1129 text tokens), against text-to-video on the same graph. FAMILY `ltxv` or
+`ltxav` (LTX-2): ComfyUI's LTXVImgToVideoInplace puts a start image's latent in the first frame with a noise mask,
+so the model gives every token its own timestep (LTX-2: its audio latent from LTXVEmptyLatentAudio joined by
+LTXVConcatAVLatent, its mask too); text-to-video gives one a sample. Both are served by the one block graph. Each
+call against the same model without the node. Prints one JSON object after "KEEPFAST-RESULT ".
 """
 
 from __future__ import annotations
@@ -32,6 +35,31 @@ START_IMAGE_CALLS = [(128, 128, 9, False), (128, 128, 9, True), (192, 128, 13, T
 IMAGE_TO_VIDEO_CALLS = [(128, 128, 9, False, 7), (128, 128, 9, True, 7), (192, 128, 13, True, 7),
                         (128, 128, 9, True, 400)]
 SIGLIP_TOKENS = 729
+# (width, height, video frames, start image): LTXV and LTX-2, text-to-video and image-to-video
+LTX_CALLS = [(128, 128, 9, False), (128, 128, 9, True), (192, 128, 17, True), (128, 192, 9, False)]
+
+
+class _LTXVideoVAE:
+    """What LTXVImgToVideoInplace reads of LTXV's VAE: its scale, and a latent of the start image."""
+
+    downscale_index_formula = (8, 32, 32)
+
+    def encode(self, pixels):
+        import torch
+
+        generator = torch.Generator().manual_seed(4)
+        return torch.randn(1, 128, 1, pixels.shape[1] // 32, pixels.shape[2] // 32, generator=generator)
+
+
+class _LTX2AudioVAE:
+    """What LTXVEmptyLatentAudio reads of LTX-2's audio VAE (16 kHz, 25 latents a second, 8 x 16 a latent)."""
+
+    latent_channels, latent_frequency_bins, sample_rate = 8, 16, 16000
+
+    def num_of_latents_from_frames(self, frames: int, frame_rate: int) -> int:
+        import math
+
+        return math.ceil(frames / frame_rate * 25)
 
 
 class _StartImageVAE:
@@ -95,8 +123,32 @@ def main(pack: str, base: str, family_name: str) -> dict:
                 conditioning[0][1].update(concat_latent_image=image, clip_vision_output=vision)
         return F.sample(family, positive, negative, latent, model=model)
 
+    def ltx_sample(model, width, height, frames, start_image):
+        from comfy_extras.nodes_lt import EmptyLTXVLatentVideo, LTXVConcatAVLatent, LTXVImgToVideoInplace
+        from comfy_extras.nodes_lt_audio import LTXVEmptyLatentAudio
+
+        latent = EmptyLTXVLatentVideo.execute(width=width, height=height, length=frames, batch_size=1).args[0]
+        if start_image:
+            image = torch.rand(1, height, width, 3, generator=torch.Generator().manual_seed(5))
+            latent = LTXVImgToVideoInplace.execute(vae=_LTXVideoVAE(), image=image, latent=latent,
+                                                   strength=1.0).args[0]
+        if family_name == "ltxav":
+            audio = LTXVEmptyLatentAudio.execute(frames_number=frames, frame_rate=25, batch_size=1,
+                                                 audio_vae=_LTX2AudioVAE()).args[0]
+            latent = LTXVConcatAVLatent.execute(video_latent=latent, audio_latent=audio).args[0]
+        positive, negative = family.conditioning(7, seed=1), family.conditioning(7, seed=2)
+        with torch.inference_mode():
+            samples = latent["samples"]
+            noise = comfy.sample.prepare_noise(samples, 3)
+            return comfy.sample.sample(model, noise, 2, 2.0, "euler", "simple", positive, negative, samples,
+                                       denoise=1.0, disable_pbar=True, seed=3, noise_mask=latent.get("noise_mask"))
+
+    def parts(latent) -> list:
+        return list(latent.unbind()) if getattr(latent, "is_nested", False) else [latent]
+
     calls, sample = {"wan22": (START_IMAGE_CALLS, start_image_sample),
-                     "hunyuan-video15": (IMAGE_TO_VIDEO_CALLS, image_to_video_sample)}.get(
+                     "hunyuan-video15": (IMAGE_TO_VIDEO_CALLS, image_to_video_sample),
+                     "ltxv": (LTX_CALLS, ltx_sample), "ltxav": (LTX_CALLS, ltx_sample)}.get(
         family_name, (REFERENCE_CALLS, reference_sample))
     rows = []
     for call in calls:
@@ -104,7 +156,8 @@ def main(pack: str, base: str, family_name: str) -> dict:
         got = sample(fast, *call)
         after = served_calls(env.name, env.module)
         want = sample(family.patcher, *call)
-        rows.append({"call": call, "diff": float((got - want).abs().max()), "scale": float(want.abs().max()),
+        rows.append({"call": call, "diff": max(float((a - b).abs().max()) for a, b in zip(parts(got), parts(want))),
+                     "scale": max(float(t.abs().max()) for t in parts(want)),
                      "events": {k: after[k] - before[k] for k in after},
                      "fallbacks": [e.reason for e in env.registry.events[mark:] if e.kind == "fallback"]})
     return {"family": family_name, "blocks": env.block_count(), "rows": rows}

@@ -267,11 +267,12 @@ class _Instance:
     """A block instance as the policy reads it: its module, and its server's engine's family (a family with no
     low-VRAM or GGUF support here: a patched weight is one the pack does not know)."""
 
-    def __init__(self, module):
+    def __init__(self, module, family=None):
         import types
 
         self.module = module
-        self.server = types.SimpleNamespace(engine=types.SimpleNamespace(family=types.SimpleNamespace()))
+        family = family if family is not None else types.SimpleNamespace()
+        self.server = types.SimpleNamespace(engine=types.SimpleNamespace(family=family))
 
 
 class _CastLinear(torch.nn.Linear):
@@ -308,6 +309,29 @@ def test_video_families_turn_frames_and_pixels_into_their_latent_units():
     assert (r.spatial, r.frames) == ((2, 32), (1, 13))  # LTXV's VAE: 32 pixels per latent pixel
     assert _blocks.block_range(flux, 64, 1024, 1, 81).frames is None
     assert wan.geometry.tokens(_blocks.Dims(1, 16, 16, frames=5)) == 5 * 8 * 8  # frames are their own axis
+
+
+def test_ltx2_blocks_take_its_audio_stream_and_run_eager_where_a_node_switches_a_stream_off():
+    """LTX-2 (ComfyUI's LTXAVModel): LTXV's video latents and 25 audio tokens a second beside them, the audio range
+    sized from max_frames at 8 frames a second; its blocks read stream switches from transformer_options, which
+    a graph computes all of, and skip the audio where a call has none."""
+    ltx2 = _blocks.LTX2Family()
+    assert _blocks.family_of(_comfy_like("LTXAVModel")).name == "ltx2"
+    assert _blocks.family_of(_comfy_like("LTXVModel")).name == "ltxv"
+    r = ltx2.geometry.block_range(_blocks.block_range(ltx2, 64, 1024, 1, 121))
+    assert (r.spatial, r.frames) == ((2, 32), (1, 16)) and r.audio == (1, 16 * 25)  # 121 frames at 8 a second
+    assert 121 / 8 * 25 <= r.audio[1]
+    policy = _blocks.BlockPolicy()
+    instance = _Instance(torch.nn.Linear(4, 4), family=ltx2)
+    streams = (torch.zeros(2, 16, 8), torch.zeros(2, 9, 4))
+    ours = _blocks._graph_attention_options()
+    assert policy(instance, (streams,), {"transformer_options": ours}) is None
+    assert policy(instance, (streams,), {"transformer_options": {**ours, "run_ax": True}}) is None
+    reason = policy(instance, (streams,), {"transformer_options": {**ours, "a2v_cross_attn": False}})
+    assert "a2v_cross_attn" in reason and "turn off" in reason
+    reason = policy(instance, ((streams[0], torch.zeros(2, 0, 4)),), {"transformer_options": ours})
+    assert "no audio" in reason
+    assert "audio" in _unet.RANGE_ADVICE and "max_frames" in _unet.RANGE_ADVICE["audio"]
 
 
 def _comfy_like(class_name: str, **attributes) -> torch.nn.Module:

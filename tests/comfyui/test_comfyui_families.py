@@ -27,7 +27,7 @@ if not S.comfyui_available():
 pytestmark = pytest.mark.comfyui
 
 FAMILIES = ["flux", "flux2", "flux2-klein", "chroma", "sd3", "auraflow", "wan", "wan22", "qwen-image", "hunyuan-video",
-            "hunyuan-video15", "hunyuan-image21", "ltxv", "kandinsky5", "lumina2", "z-image", "hidream"]
+            "hunyuan-video15", "hunyuan-image21", "ltxv", "ltxav", "kandinsky5", "lumina2", "z-image", "hidream"]
 # The dtypes checkpoints run in (ComfyUI's --bf16-unet / --fp16-unet / --fp8_e4m3fn-unet): one image, one video
 # and one float16 family, and float8 weights that compute in bfloat16 (ComfyUI's manual cast).
 LOW_PRECISION = [("flux", "bfloat16"), ("wan", "bfloat16"), ("sd3", "float16"), ("flux", "float8_e4m3fn")]

@@ -1,12 +1,14 @@
 """Image inputs beside the prompt with Model Speedup (needs COMFYUI_PATH): reference images (Flux Kontext, Flux 2
-edits through ComfyUI's ReferenceLatent), Wan 2.2 5B's start image (Wan22ImageToVideoLatent) and HunyuanVideo 1.5's
-image-to-video (the image's latent and SigLIP features).
+edits through ComfyUI's ReferenceLatent), Wan 2.2 5B's start image (Wan22ImageToVideoLatent), HunyuanVideo 1.5's
+image-to-video (the image's latent and SigLIP features) and LTXV's and LTX-2's (LTXVImgToVideoInplace).
 
 Run in ComfyUI's Python by kf_image_inputs.py. A reference image adds its tokens to the image's, within the node's
 range: served by the block graphs with no compile, equal to the model without the node; past the range: eager,
 saying which tokens and which node input covers them. Wan 2.2's 5B with a start image takes a timestep per latent
 frame (its blocks' modulation gains a frames axis): before, that ran every block eager ("shape guard
-e.shape[1] == 1 does not hold"); now the same graph serves it and text-to-video.
+e.shape[1] == 1 does not hold"); now the same graph serves it and text-to-video. LTXV and LTX-2 with a start image
+give every token its own timestep: before, every block ran eager ("shape guard timestep.shape[1] == 1 does not
+hold"); now one graph serves both forms.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ def start_image(tmp_path_factory) -> dict:
 @pytest.fixture
 def image_to_video(tmp_path_factory) -> dict:
     return _findings("hunyuan-video15", tmp_path_factory)
+
+
+@pytest.fixture(params=["ltxv", "ltxav"])
+def ltx_start_image(request, tmp_path_factory) -> dict:
+    return _findings(request.param, tmp_path_factory)
 
 
 def _served(findings, row) -> bool:
@@ -90,3 +97,11 @@ def test_hunyuan_video15_image_to_video_with_a_long_prompt_is_served(image_to_vi
         (False, 7), (True, 7), (True, 7), (True, 400)]
     for row in image_to_video["rows"][1:]:
         assert _served(image_to_video, row), row
+
+
+def test_ltx_start_image_and_text_to_video_share_the_graph(ltx_start_image):
+    """A timestep a token (an image guiding the first frame) and one a sample, on one graph; LTX-2 with its audio."""
+    _first_compiles(ltx_start_image)
+    assert [row["call"][3] for row in ltx_start_image["rows"]] == [False, True, True, False]
+    for row in ltx_start_image["rows"][1:]:
+        assert _served(ltx_start_image, row), row
