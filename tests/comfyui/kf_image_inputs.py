@@ -96,18 +96,22 @@ def main(pack: str, base: str, family_name: str) -> dict:
         negative = with_references(family.conditioning(7, seed=2), references)
         return F.sample(family, positive, negative, family.latent(width, height), model=model)
 
-    def start_image_sample(model, width, height, frames, start_image):
-        from comfy_extras.nodes_wan import Wan22ImageToVideoLatent
-
-        image = torch.rand(1, height, width, 3, generator=torch.Generator().manual_seed(5)) if start_image else None
-        latent = Wan22ImageToVideoLatent.execute(vae=_StartImageVAE(), width=width, height=height, length=frames,
-                                                 batch_size=1, start_image=image).args[0]
+    def masked_sample(model, latent):
+        """KSampler on a latent node's output, with its noise mask (a start image's frames kept)."""
         positive, negative = family.conditioning(7, seed=1), family.conditioning(7, seed=2)
         with torch.inference_mode():
             samples = latent["samples"]
             noise = comfy.sample.prepare_noise(samples, 3)
             return comfy.sample.sample(model, noise, 2, 2.0, "euler", "simple", positive, negative, samples,
                                        denoise=1.0, disable_pbar=True, seed=3, noise_mask=latent.get("noise_mask"))
+
+    def start_image_sample(model, width, height, frames, start_image):
+        from comfy_extras.nodes_wan import Wan22ImageToVideoLatent
+
+        image = torch.rand(1, height, width, 3, generator=torch.Generator().manual_seed(5)) if start_image else None
+        latent = Wan22ImageToVideoLatent.execute(vae=_StartImageVAE(), width=width, height=height, length=frames,
+                                                 batch_size=1, start_image=image).args[0]
+        return masked_sample(model, latent)
 
     def image_to_video_sample(model, width, height, frames, start_image, text):
         from types import SimpleNamespace
@@ -136,12 +140,7 @@ def main(pack: str, base: str, family_name: str) -> dict:
             audio = LTXVEmptyLatentAudio.execute(frames_number=frames, frame_rate=25, batch_size=1,
                                                  audio_vae=_LTX2AudioVAE()).args[0]
             latent = LTXVConcatAVLatent.execute(video_latent=latent, audio_latent=audio).args[0]
-        positive, negative = family.conditioning(7, seed=1), family.conditioning(7, seed=2)
-        with torch.inference_mode():
-            samples = latent["samples"]
-            noise = comfy.sample.prepare_noise(samples, 3)
-            return comfy.sample.sample(model, noise, 2, 2.0, "euler", "simple", positive, negative, samples,
-                                       denoise=1.0, disable_pbar=True, seed=3, noise_mask=latent.get("noise_mask"))
+        return masked_sample(model, latent)
 
     def parts(latent) -> list:
         return list(latent.unbind()) if getattr(latent, "is_nested", False) else [latent]
