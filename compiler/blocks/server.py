@@ -17,7 +17,6 @@ retired for those shapes.
 from __future__ import annotations
 
 import itertools
-
 import logging
 import threading
 import time
@@ -108,6 +107,9 @@ class BlockInstance:
                 self.module.forward = self.original
             else:
                 del self.module.forward
+
+
+_CORNER_WORDS = {T.FRAMES: "latent frames", T.AUDIO: "audio tokens"}  # the counts a range corner may add
 
 
 class BlockServer:
@@ -308,7 +310,7 @@ class BlockServer:
             except Exception as error:
                 failure = f"its guards cannot be checked ({type(error).__name__}: {error})"
             if failure:
-                where = "".join(f", {values[role]} {T.role_words(role).split(' (')[0]}" for role in extra)
+                where = "".join(f", {values[role]} {_CORNER_WORDS[role]}" for role in extra)
                 notes.append(f"batch {values[T.BATCH]}, {values[T.TOKENS]} image tokens, {values[T.SEQUENCE]} text "
                              f"tokens{where}: {failure}")
         return notes

@@ -39,6 +39,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from ..shapes import AUDIO, ShapeRange
 
 BATCH, TOKENS, SEQUENCE, JOINT, FRAMES = "batch", "tokens", "sequence", "joint", "frames"
+ROWS = "rows:"  # prefix of a timestep's rows: `rows:tokens`, `rows:audio`
 COUNTED = (BATCH, TOKENS, SEQUENCE, FRAMES, AUDIO)  # the counts a call has; the other roles are made from them
 BASE_ROLES = (BATCH, TOKENS, SEQUENCE, JOINT, FRAMES, AUDIO)
 TEXT_MULTIPLES = (2, 3, 4)
@@ -127,9 +128,6 @@ class Geometry:
                        sequence=self.sequence_range(shape_range), audio=audio)
 
 
-ROWS = "rows:"
-
-
 def role_values(counts: Dict[str, int]) -> Dict[str, int]:
     """Every role's size from the counted ones (a timestep's rows: one per token unless given)."""
     out = dict(counts)
@@ -173,7 +171,7 @@ _ROLE_WORDS = {BATCH: "the batch", TOKENS: "image tokens (the latent's, and any 
 def role_words(role: str) -> str:
     """What a role counts, in a user's words ("image and text tokens", "3 x text tokens + 257")."""
     if role.startswith(ROWS):
-        return f"timestep rows (one, or one for each of the {role_words(role[len(ROWS):])})"
+        return f"timestep rows (one, or one for each of the {role_words(role.removeprefix(ROWS))})"
     base, _, offset = role.partition("+")
     base, _, times = base.partition("*")
     words = (f"{times} x " if times else "") + _ROLE_WORDS.get(base, base)
@@ -197,7 +195,7 @@ def outside_range(paths: Sequence[str], shapes: Sequence[Sequence[int]], roles: 
 def role_bounds(role: str, block_range: ShapeRange) -> Tuple[int, int]:
     """Inclusive bounds of a role (with its constant offset) in a block range."""
     if role.startswith(ROWS):
-        return 1, role_bounds(role[len(ROWS):], block_range)[1]
+        return 1, role_bounds(role.removeprefix(ROWS), block_range)[1]
     base, _, offset = role.partition("+")
     extra = int(offset) if offset else 0
     base, _, times = base.partition("*")
