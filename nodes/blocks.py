@@ -169,6 +169,7 @@ class ComfyFamily(BlockFamily):
         return args, {"transformer_options": {}, **kwargs}
 
     def block_forward(self, module: torch.nn.Module, *args, **kwargs) -> Any:
+        args, kwargs = self.rows_spread(module, args, kwargs)
         return type(module).forward(module, *args, transformer_options=_graph_attention_options(), **kwargs)
 
     def example_call(self, model: torch.nn.Module, dims: Dims) -> Tuple[tuple, dict]:
@@ -458,10 +459,6 @@ class LTXVFamily(ComfyFamily):
 
     def row_tokens(self, arguments: Dict[str, Any]) -> Dict[str, int]:
         return {"timestep": arguments["x"].shape[1]}
-
-    def block_forward(self, module: torch.nn.Module, *args, **kwargs) -> Any:
-        args, kwargs = self.rows_spread(module, args, kwargs)
-        return super().block_forward(module, *args, **kwargs)
 
 
 class LTX2Family(LTXVFamily):

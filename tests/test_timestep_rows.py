@@ -67,10 +67,6 @@ class RowsFamily(BlockFamily):
     def row_tokens(self, arguments):
         return {"timestep": arguments["x"].shape[1]}
 
-    def block_forward(self, module, *args, **kwargs):
-        args, kwargs = self.rows_spread(module, args, kwargs)
-        return type(module).forward(module, *args, **kwargs)
-
 
 def test_spread_rows_gives_every_token_its_row():
     per_sample = torch.arange(2.0).reshape(2, 1, 1)

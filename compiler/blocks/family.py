@@ -32,7 +32,7 @@ class BlockFamily:
     latent_scale: int = 8  # image pixels per latent pixel (what a node's pixel range is divided by)
     frame_scale: int = 1  # video frames per latent frame after the first (Wan, HunyuanVideo: 4; LTXV: 8)
     # Block inputs that hold a timestep either once per sample or once per token (dim 1): named from example calls
-    # that send one per token, served in both forms by one graph (`block_forward` spreads them over the tokens).
+    # that send one per token, served in both forms by one graph (`rows_spread`, in every `block_forward`).
     timestep_rows: Tuple[str, ...] = ()
 
     def example_call(self, model: torch.nn.Module, dims: Dims) -> Tuple[tuple, dict]:
@@ -94,6 +94,7 @@ class BlockFamily:
         the traced call the ones it must see (an attention that traces once
         for every size).
         """
+        args, kwargs = self.rows_spread(module, args, kwargs)
         return type(module).forward(module, *args, **kwargs)
 
     def latent_frames(self, video_frames: int) -> int:
