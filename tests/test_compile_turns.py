@@ -11,9 +11,13 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from compiler import file_lock
 from compiler.testing.bench import check, compile_turns
 from compiler.testing.bench.joblog import JobLog
+
+pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
 
 
 def test_a_turn_waits_for_another_compile_and_says_how_long(tmp_path):

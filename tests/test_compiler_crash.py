@@ -25,6 +25,8 @@ from compiler.registry import GraphRegistry
 from compiler.testing.tiny_models import tiny_unet
 from tests.support.background import RANGE, build_folders, gone, served_difference
 
+pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
+
 
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (0 once it is gone)."""

@@ -10,6 +10,8 @@ import torch.fx.config as fx_config
 
 from compiler.backends.stack_traces import without_stack_traces
 
+pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
+
 
 @pytest.mark.skipif(not hasattr(fx_config, "do_not_emit_stack_traces"), reason="torch before 2.13 always records")
 def test_the_export_records_no_stacks_and_puts_the_setting_back():

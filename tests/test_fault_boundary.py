@@ -17,6 +17,8 @@ from compiler.guards import GuardSet, GuardSyntaxError
 from compiler.testing.tiny_models import tiny_unet
 from tests.support.inputs import unet_inputs
 
+pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
+
 ERRORS = [ValueError("injected"), KeyError("injected"), OSError("injected"), RuntimeError("injected"),
           GuardSyntaxError("injected")]
 

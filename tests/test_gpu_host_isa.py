@@ -17,10 +17,13 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
 import torch
 
 from compiler import machine_fit
 from compiler.backends import aot, package_build_child, package_builds
+
+pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
 
 
 def test_a_build_without_a_host_isa_probes_none_and_its_package_still_computes(tmp_path, monkeypatch):

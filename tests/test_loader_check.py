@@ -28,6 +28,8 @@ from tests.support import tiny_transformers
 from tests.support.background import HERE
 from tests.support.inputs import unet_inputs
 
+pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
+
 RANGE = ShapeRange(batch=(1, 4), spatial=(8, 24), sequence=(1, 160))
 
 

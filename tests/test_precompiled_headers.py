@@ -15,6 +15,8 @@ import torch
 
 from compiler.backends import aot, package_builds, precompiled_headers
 
+pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # In a fresh process whose temporary folder is new: Inductor keeps its headers in
@@ -67,12 +69,16 @@ def test_a_failure_leaves_the_headers_to_the_build(monkeypatch):
     assert warm.error == "RuntimeError: no compiler here" and warm.report() == {"precompiled_header_failed": 1.0}
 
 
-def test_nothing_is_made_where_inductor_would_not_use_them(monkeypatch):
+def test_nothing_is_made_where_inductor_would_not_use_them():
     from torch._inductor import config
 
-    monkeypatch.setattr(config.aot_inductor, "precompile_headers", False)
-    warm = precompiled_headers.start("cpu").wait()
+    # torch's own patch: pytest's monkeypatch.setattr on the config's proxy deletes the setting when it undoes
+    # (pytest 9.2 reads the old value from the proxy's __dict__), and every later AOTInductor compile in the
+    # process then failed "config.aot_inductor.precompile_headers does not exist"
+    with config.patch({"aot_inductor.precompile_headers": False}):
+        warm = precompiled_headers.start("cpu").wait()
     assert warm.thread is None and warm.report() == {}
+    assert config.aot_inductor.precompile_headers
 
 
 def test_a_build_process_reports_the_seconds_it_spent_on_its_headers(tmp_path):

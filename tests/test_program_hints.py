@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 from torch.export import Dim
 
 from compiler.backends import aot, package_builds, program_hints
+
+pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
 
 
 class PooledWithCache(torch.nn.Module):

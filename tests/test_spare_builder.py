@@ -8,8 +8,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from compiler.backends import package_builds
 from compiler.backends.base import UNLABELLED
+
+pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
 
 
 def _launched(folder, monkeypatch, calls):

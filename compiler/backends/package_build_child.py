@@ -433,36 +433,21 @@ def main(folder: str) -> int:
             configs.update(_probe(folder, job["probe"]))
         started = time.perf_counter() - BEGUN
         target = os.path.join(folder, "graph.partial.pt2")
-        # The build's settings in force from here to its end: the precompiled headers are made on a thread under
-        # them while the program is read, traced and lowered (precompiled_headers.py)
-        with torch._inductor.config.patch(configs):
-            headers = _sibling("precompiled_headers").start(job.get("device", "cpu"))
-            program = torch.export.load(os.path.join(folder, "program.pt2"))
-            hinted = _sibling("program_hints").restore_hints(program)  # the example sizes torch's loader drops
-            program._state_dict.update(_weights(job["weights"]))
-            if job.get("examples"):  # a block graph's weights are its examples too (weight_inputs.py)
-                program._example_inputs = _examples(program.example_inputs, job["examples"])
-            loaded = time.perf_counter() - BEGUN
-            # AOTInductor traces the program again (aot_export_module) before it lowers it: without recording each
-            # node's Python stack where torch can skip it (stack_traces.py: 21.4 s against 27.4-29.5 s for the
-            # real-depth SD1.5 UNet on a 2-core CPU, torch 2.13)
-            heuristics = job.get("heuristics") or {}
-            with _sibling("build_profile").CompileProfile() as profile, \
-                    _sibling("stack_traces").without_stack_traces(), \
-                    _sibling("gpu_reductions").fixed_size_persistent_reductions(
-                        bool(heuristics.get("fixed_size_persistent_reductions"))):
-                _sibling("precompiled_headers").compile_with_sound_headers(
-                    lambda: torch._inductor.aoti_compile_and_package(program, package_path=target,
-                                                                     inductor_configs=configs))
-        if headers.wait(10).error:  # done: the build waited for the same headers
-            print(f"the precompiled headers were left to AOTInductor: {headers.error}", file=sys.stderr)
-        phases = {**_phases(started, loaded, time.perf_counter() - BEGUN), **profile.phases(), **headers.report(),
-                  "hints_restored": float(len(hinted))}
-        samples, slowest = profile.sampler.top(), profile.kernel_builds.slowest()
+        # A package built before from this very program (build_memo.py: off unless the parent's job names a folder)
+        memo, memo_folder, memo_key, recorded = _sibling("build_memo"), job.get("memo") or "", "", None
+        if memo_folder:
+            memo_key = memo.key(os.path.join(folder, "program.pt2"), job, configs, torch.__version__)
+            recorded = memo.fetch(memo_folder, memo_key, target)
+        if recorded is not None:
+            phases, samples, slowest = {**recorded, "startup_s": round(started, 2), "memo_hit": 1.0}, [], []
+        else:
+            phases, samples, slowest = _compile(folder, job, configs, target, started)
         _write_usage(folder, phases, samples, slowest)  # first: a load that kills this process leaves where the time went
         checked = _load_first(folder, target, _kind(job["weights"]))
         if checked:
             _write_usage(folder, {**phases, **checked}, samples, slowest)
+        if memo_key and recorded is None:
+            memo.keep(memo_folder, memo_key, target, phases)
         os.replace(target, os.path.join(folder, "graph.pt2"))  # whole, or not there
         return 0
     except BaseException as error:  # noqa: BLE001 - the parent reads the reason from error.txt
@@ -470,6 +455,38 @@ def main(folder: str) -> int:
             handle.write(f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}\n")
             handle.write(traceback.format_exc())
         return 1
+
+
+def _compile(folder: str, job: dict, configs: dict, target: str, started: float):
+    """Compile the job's program into `target`; (its phases, where the main thread was, the slowest kernels)."""
+    import torch
+
+    # The build's settings in force from here to its end: the precompiled headers are made on a thread under
+    # them while the program is read, traced and lowered (precompiled_headers.py)
+    with torch._inductor.config.patch(configs):
+        headers = _sibling("precompiled_headers").start(job.get("device", "cpu"))
+        program = torch.export.load(os.path.join(folder, "program.pt2"))
+        hinted = _sibling("program_hints").restore_hints(program)  # the example sizes torch's loader drops
+        program._state_dict.update(_weights(job["weights"]))
+        if job.get("examples"):  # a block graph's weights are its examples too (weight_inputs.py)
+            program._example_inputs = _examples(program.example_inputs, job["examples"])
+        loaded = time.perf_counter() - BEGUN
+        # AOTInductor traces the program again (aot_export_module) before it lowers it: without recording each
+        # node's Python stack where torch can skip it (stack_traces.py: 21.4 s against 27.4-29.5 s for the
+        # real-depth SD1.5 UNet on a 2-core CPU, torch 2.13)
+        heuristics = job.get("heuristics") or {}
+        with _sibling("build_profile").CompileProfile() as profile, \
+                _sibling("stack_traces").without_stack_traces(), \
+                _sibling("gpu_reductions").fixed_size_persistent_reductions(
+                    bool(heuristics.get("fixed_size_persistent_reductions"))):
+            _sibling("precompiled_headers").compile_with_sound_headers(
+                lambda: torch._inductor.aoti_compile_and_package(program, package_path=target,
+                                                                 inductor_configs=configs))
+    if headers.wait(10).error:  # done: the build waited for the same headers
+        print(f"the precompiled headers were left to AOTInductor: {headers.error}", file=sys.stderr)
+    phases = {**_phases(started, loaded, time.perf_counter() - BEGUN), **profile.phases(), **headers.report(),
+              "hints_restored": float(len(hinted))}
+    return phases, profile.sampler.top(), profile.kernel_builds.slowest()
 
 
 # What a build imports after torch, imported by a spare while it waits for its build: reading a program

@@ -39,7 +39,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from .. import build_times, extraction, machine_fit
-from . import child_priority, conv_layout, forked_trace, gpu_reductions, loader_check, spawned_trace, weight_inputs
+from . import (build_memo, child_priority, conv_layout, forked_trace, gpu_reductions, loader_check, spawned_trace,
+               weight_inputs)
 from .base import UNLABELLED, BuildInProcess, BuildLabel, CompileFailed, call_device
 
 REAL_CHILD = Path(__file__).with_name("package_build_child.py")
@@ -680,7 +681,8 @@ def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, f
     device = program_device(ep, layout)
     job = {"weights": layout, "examples": examples, "configs": configs, "imports": operator_modules(ep), "isa_cache": str(isa_cache()),
            "cxx_link": str(cxx_link_folder()), "device": device, "compile_threads": kernel_compile_threads(beside),
-           "nice": 0 if waited else child_priority.niceness()}  # a build the caller waits for keeps its priority
+           "nice": 0 if waited else child_priority.niceness(),  # a build the caller waits for keeps its priority
+           "memo": _memo_folder()}
     built_for = None
     if device != "cpu":
         march, settings = machine_fit.gpu_host_build()
@@ -696,6 +698,16 @@ def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, f
         (folder / "job.json").write_text(json.dumps(job))
     except Exception as error:  # noqa: BLE001 - a build that cannot start is a failed compile
         raise CompileFailed(f"the package build could not start: {type(error).__name__}: {error}") from error
+
+
+def _memo_folder() -> str:
+    """Where packages built before are kept (build_memo.py; "" where KEEPFAST_BUILD_MEMO is unset). None while a
+    build's memory is bounded or its stacks are written: those settings are about a compile, which a hit skips."""
+    from .package_build_child import MEMORY_ENV, STACKS_ENV
+
+    if os.environ.get(MEMORY_ENV) or os.environ.get(STACKS_ENV):
+        return ""
+    return build_memo.folder_for_job()
 
 
 def _new_build(folder: Path, label: BuildLabel, queued: bool) -> PackageBuild:
