@@ -701,7 +701,7 @@ def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, f
 
 
 def _memo_folder() -> str:
-    """Where packages built before are kept (build_memo.py; "" where KEEPFAST_BUILD_MEMO is unset). None while a
+    """Where packages built before are kept (build_memo.py; "" where KEEPFAST_BUILD_MEMO is unset). "" too while a
     build's memory is bounded or its stacks are written: those settings are about a compile, which a hit skips."""
     from .package_build_child import MEMORY_ENV, STACKS_ENV
 
