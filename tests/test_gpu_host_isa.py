@@ -27,6 +27,9 @@ pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is th
 
 
 def test_a_build_without_a_host_isa_probes_none_and_its_package_still_computes(tmp_path, monkeypatch):
+    # A CPU spare waiting in this process, as an earlier test's builds leave one (CI, 2026-12-02: one took this
+    # build, its probe already run, and the package named AVX512): a job that says no ISA must not be handed to it.
+    package_builds.prestart("cpu")
     kept = tmp_path / "isa"
     monkeypatch.setenv(package_builds.ISA_CACHE_ENV, str(kept))
     module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
@@ -101,10 +104,16 @@ def test_a_spare_is_handed_a_build_of_its_own_kind_only(tmp_path, monkeypatch):
     assert package_builds._spares == []
 
 
-def test_a_build_s_kind_is_read_from_its_job(tmp_path):
+def test_a_build_s_kind_is_read_from_its_job_s_settings(tmp_path):
     assert package_builds.host_kind("cuda:1") == "gpu" and package_builds.host_kind("cpu") == "cpu"
-    (tmp_path / "job.json").write_text(json.dumps({"device": "cuda"}))
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"device": "cuda", "configs": {**aot.PACKAGE_CONFIG, **package_builds.GPU_HOST_ISA}}))
     assert package_builds.job_kind(tmp_path) == "gpu"
+    # The settings decide, as they decide in the build process: a CPU program whose job says no ISA is a "gpu" build.
+    job.write_text(json.dumps({"device": "cpu", "configs": {**aot.PACKAGE_CONFIG, **package_builds.GPU_HOST_ISA}}))
+    assert package_builds.job_kind(tmp_path) == "gpu"
+    job.write_text(json.dumps({"device": "cpu", "configs": dict(aot.PACKAGE_CONFIG)}))
+    assert package_builds.job_kind(tmp_path) == "cpu"
     assert package_builds.job_kind(tmp_path / "missing") == "cpu"
 
 

@@ -430,9 +430,15 @@ def host_kind(device: str) -> str:
 
 
 def job_kind(folder: Path) -> str:
-    """host_kind of the program whose job is in `folder` ("cpu" where its job cannot be read)."""
+    """The kind of build process the job in `folder` needs ("cpu" where its job cannot be read): "gpu" where its
+    settings leave the host code without a vector ISA (package_build_child.skips_isa_probe, the child's own test),
+    whatever the program's device. A CPU spare has probed, and Inductor caches the ISA it found per process: given
+    a job that says no ISA it would build one in anyway."""
+    from .package_build_child import skips_isa_probe
+
     try:
-        return host_kind(json.loads((folder / "job.json").read_text()).get("device", "cpu"))
+        configs = json.loads((folder / "job.json").read_text()).get("configs") or {}
+        return "gpu" if skips_isa_probe(configs) else "cpu"
     except (OSError, ValueError, AttributeError):
         return "cpu"
 
