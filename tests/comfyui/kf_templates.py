@@ -9,7 +9,8 @@ that:
   `template_nodes/` (a tiny model of the template's family, a text encoder giving that
   family's conditioning); VAELoader stays ComfyUI's, reading a small file written under the
   template's own file name;
-- sizes, lengths and steps are cut to fit this CPU, seeds fixed;
+- sizes, lengths and steps are cut to fit this CPU, seeds fixed (a node sizing an input image for its model,
+  Flux Kontext's, becomes ComfyUI's ImageScale at the test's size);
 - KeepFast Model Speedup goes right after the model loader and KeepFast VAE Speedup right
   after the VAE loader, as a user adds them; a SaveImage on each decode keeps the frames
   as lossless PNGs to compare.
@@ -28,6 +29,9 @@ MODEL_SOURCES = {"UNETLoader": 0, "CheckpointLoaderSimple": 0, "KeepFastTestTiny
 VAE_SOURCES = {"VAELoader": 0, "CheckpointLoaderSimple": 2, "KeepFastTestCheckpoint": 2}
 LATENT_NODES = ("EmptyLatentImage", "EmptySD3LatentImage", "EmptyHunyuanLatentVideo", "EmptyLTXVLatentVideo",
                 "Wan22ImageToVideoLatent", "WanImageToVideo", "EmptyFlux2LatentImage")
+# Nodes that size an input image to a model's preferred resolutions (Flux Kontext's: about a megapixel, too large for
+# this CPU): made ComfyUI's ImageScale at the test's size, so the sampled latent (the image encoded) has that size.
+IMAGE_SIZERS = ("FluxKontextImageScale",)
 STEP_NODES = ("KSampler", "BasicScheduler", "LTXVScheduler", "Flux2Scheduler")
 SEED_INPUTS = ("seed", "noise_seed")
 DECODERS = ("VAEDecode", "VAEDecodeTiled")
@@ -127,6 +131,9 @@ def _expand(nodes: List[dict], links: Dict[Any, tuple], definitions: dict, prefi
                     instance_outputs[(node["id"], index)] = (origin, slot)
         out_nodes.extend(inner_nodes)
         out_links.update(inner_links)
+        # the links into the instance now lead to the inner nodes that read its inputs (above)
+        for link_id in [k for k, ends in out_links.items() if ends[2] == node["id"]]:
+            del out_links[link_id]
     for link_id, (origin, slot, target, target_slot) in list(out_links.items()):
         if (origin, slot) in instance_outputs:
             out_links[link_id] = (*instance_outputs[(origin, slot)], target, target_slot)
@@ -136,15 +143,18 @@ def _expand(nodes: List[dict], links: Dict[Any, tuple], definitions: dict, prefi
 def drop_bypassed(workflow: dict) -> dict:
     """Drop muted and bypassed nodes that feed only other dropped nodes (a template's optional branch).
 
-    A bypassed node that feeds a node that runs would pass its input through: not converted here, so it
-    is refused rather than run differently from the page.
+    A bypassed node that feeds a node that runs passes through an input of its output's type, as the page
+    does: not converted here, so it is refused rather than run differently from the page. One with no such
+    input (a bypassed LoadImage: Flux Kontext's second image) passes nothing, and the page queues the
+    consumer's input unset (ComfyUI refuses the prompt where that input is required); so does this.
     """
     workflow = copy.deepcopy(workflow)
     links = _links(workflow)
+    by_id = {n["id"]: n for n in workflow["nodes"]}
     dropped = {n["id"] for n in workflow["nodes"]
                if n.get("mode", 0) in BYPASSED_MODES or n["type"] == "__bypassed_subgraph__"}
-    for link_id, (origin, _, target, _) in links.items():
-        if origin in dropped and target not in dropped:
+    for link_id, (origin, slot, target, _) in links.items():
+        if origin in dropped and target not in dropped and _passes_through(by_id[origin], slot):
             raise ValueError(f"bypassed node {origin} feeds node {target}, which runs: not converted")
     workflow["nodes"] = [n for n in workflow["nodes"] if n["id"] not in dropped]
     workflow["links"] = [[k, *v] for k, v in links.items() if v[0] not in dropped and v[2] not in dropped]
@@ -162,6 +172,13 @@ def template_prompt(server, name: str) -> dict:
     response = server.get(f"/templates/{name}.json")
     response.raise_for_status()
     return S.ui_to_api(drop_bypassed(flatten(response.json())), server.object_info())
+
+
+def _passes_through(node: dict, slot: int) -> bool:
+    """Whether bypassed `node` gives its output `slot` a value: a linked input of that output's type."""
+    outputs = node.get("outputs") or []
+    kind = outputs[slot].get("type") if slot < len(outputs) else None
+    return any(entry.get("link") is not None and entry.get("type") == kind for entry in node.get("inputs") or [])
 
 
 # -- what a test changes ---------------------------------------------------------------
@@ -237,6 +254,9 @@ def shrink(prompt: dict, width: int, height: int, batch: int = 1, length: Option
             inputs.update(width=width, height=height, batch_size=batch)
             if length is not None and "length" in inputs:
                 inputs["length"] = length
+        if kind in IMAGE_SIZERS:
+            node.update(class_type="ImageScale", inputs={"image": inputs["image"], "upscale_method": "bilinear",
+                                                         "width": width, "height": height, "crop": "disabled"})
         if kind in STEP_NODES and "steps" in inputs:
             inputs["steps"] = steps
         for name in SEED_INPUTS:

@@ -59,6 +59,12 @@ class Template:
 TEMPLATES = [
     Template("default", None, blocks=False, whole_vae=True),
     Template("image_z_image_turbo", "z-image", {"ae.safetensors": "kl16"}, whole_vae=True),
+    # Flux Kontext: the input image, encoded, is both the sampled latent and a reference latent (ReferenceLatent):
+    # the blocks see twice the image's tokens, inside the range max_resolution gives (its advice says so). One image
+    # a run: the latent is the encoded image, so the second run changes the size and the prompt, not the batch.
+    Template("flux_kontext_dev_basic", "flux", {"ae.safetensors": "kl16"},
+             images=("flux_kontext_dev_basic_input_image.jpg",), first=(256, 192, 1, 9), second=(192, 256, 1, 5),
+             whole_vae=True),
     Template("flux_schnell", "flux", {"ae.safetensors": "kl16"}, checkpoint_vae="ae.safetensors", whole_vae=True),
     Template("image_flux2_text_to_image", "flux2", {"flux2-vae.safetensors": "flux2"}, whole_vae=True),
     Template("sd3.5_simple_example", "sd3", {"ae.safetensors": "kl16"}, checkpoint_vae="ae.safetensors",
