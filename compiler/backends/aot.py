@@ -521,7 +521,8 @@ def _build_in_parts(ep: "torch.export.ExportedProgram", count: int, progress: Pr
 
 
 # Phases that add up over parts built at once (counts, CPU seconds, processes, cores); the others are times.
-_SUMMED_OVER_PARTS = ("kernels", "compile_cpu_s", "compile_processes_max", "compile_cores_busy", "hints_restored")
+_SUMMED_OVER_PARTS = ("kernels", "compile_cpu_s", "compile_processes_max", "compile_cores_busy", "hints_restored",
+                      "interface_made", "interface_reused", "interface_whole")
 _SUMMED_PREFIX = "triton_"  # the Triton kernels' counts and build seconds (build_profile.KernelBuilds)
 
 

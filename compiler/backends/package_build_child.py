@@ -422,6 +422,9 @@ def main(folder: str) -> int:
             warm_kernel_compilers(job.get("compile_threads"))
         if job.get("cxx_link"):  # libstdc++ linked as a shared library, or no package (cxx_linkage.py)
             _sibling("cxx_linkage").apply(job["cxx_link"])
+        if job.get("interface_objects"):  # torch's runtime interface compiled once, not in every wrapper
+            _sibling("interface_object").apply(job["interface_objects"])
+            os.environ[_sibling("interface_object").LOG_ENV] = os.path.join(folder, "interface.log")
         # Inductor picks the vector ISA for the host code of every package, a CUDA one too (AotCodeCompiler calls
         # pick_vec_isa). For a CPU program the probe runs here: from the folder kept per machine, where its test
         # programs are built once. A GPU program's job says no ISA (package_builds.GPU_HOST_ISA), so none is
@@ -485,8 +488,21 @@ def _compile(folder: str, job: dict, configs: dict, target: str, started: float)
     if headers.wait(10).error:  # done: the build waited for the same headers
         print(f"the precompiled headers were left to AOTInductor: {headers.error}", file=sys.stderr)
     phases = {**_phases(started, loaded, time.perf_counter() - BEGUN), **profile.phases(), **headers.report(),
-              "hints_restored": float(len(hinted))}
+              "hints_restored": float(len(hinted)), **_interface_objects(folder)}
     return phases, profile.sampler.top(), profile.kernel_builds.slowest()
+
+
+def _interface_objects(folder: str) -> dict:
+    """How this build's wrappers were compiled (interface_object.py): {"interface_made" | "interface_reused" |
+    "interface_whole": count}, the nonzero ones; why a wrapper was compiled whole goes to stderr."""
+    log = os.path.join(folder, "interface.log")
+    if not os.path.isfile(log):
+        return {}
+    counts = _sibling("interface_object").read_log(log)
+    reason = counts.pop("interface_whole_reason", "")
+    if reason:
+        print(f"a wrapper was compiled with torch's runtime interface in it: {reason}", file=sys.stderr)
+    return {name: float(count) for name, count in counts.items() if count}
 
 
 # What a build imports after torch, imported by a spare while it waits for its build: reading a program

@@ -593,6 +593,12 @@ def cxx_link_folder() -> Path:
     return isa_cache().parent.with_name("cxx-link")
 
 
+def interface_object_folder() -> Path:
+    """Where the pack keeps its compiler wrapper that compiles AOTInductor's runtime interface once, and those
+    objects (interface_object.py): beside the ISA probe's folder."""
+    return isa_cache().parent.with_name("cxx-interface")
+
+
 def kernel_cache() -> Path:
     """Where build processes keep Triton's compiled GPU kernels (TRITON_CACHE_DIR, unless the user set it): beside
     the ISA probe's folder. Each build has a fresh Inductor cache (two builds of one graph at once must not read
@@ -686,7 +692,8 @@ def _write_job(ep: "torch.export.ExportedProgram", configs: dict, probe: bool, f
     light, examples = light_examples(light)
     device = program_device(ep, layout)
     job = {"weights": layout, "examples": examples, "configs": configs, "imports": operator_modules(ep), "isa_cache": str(isa_cache()),
-           "cxx_link": str(cxx_link_folder()), "device": device, "compile_threads": kernel_compile_threads(beside),
+           "cxx_link": str(cxx_link_folder()), "interface_objects": str(interface_object_folder()),
+           "device": device, "compile_threads": kernel_compile_threads(beside),
            "nice": 0 if waited else child_priority.niceness(),  # a build the caller waits for keeps its priority
            "memo": _memo_folder()}
     built_for = None
