@@ -118,21 +118,30 @@ def _make_wrapper(compiler: str, runtime: str, root: Path) -> str:
     and renamed: two build processes making it at once both end with one whole folder."""
     real = shutil.which(compiler) or compiler
     folder = root / hashlib.sha256(f"{real}\0{runtime}".encode()).hexdigest()[:16]
-    wrapper = folder / os.path.basename(compiler)
+    script = ("#!/bin/sh\n"
+              "# Made by keepfast (compiler/backends/cxx_linkage.py): this compiler linked libstdc++\n"
+              "# statically into shared objects, which crashes torch's AOTInductor package loader.\n"
+              'case " $* " in\n'
+              f"  *\" -shared \"*) exec '{real}' -L'{folder}' \"$@\" ;;\n"
+              "esac\n"
+              f"exec '{real}' \"$@\"\n")
+    return publish_wrapper(folder, os.path.basename(compiler), script,
+                           lambda staging: (staging / "libstdc++.so").symlink_to(runtime))
+
+
+def publish_wrapper(folder: Path, name: str, script: str, prepare=None) -> str:
+    """`folder/name`, a compiler wrapper running `script` (`prepare(staging)` adds what else the folder holds),
+    made once: written into a temporary folder beside it and renamed, so two build processes making it at once
+    both end with one whole folder."""
+    wrapper = folder / name
     if wrapper.is_file():
         return str(wrapper)
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".making-", dir=root))
-    (staging / "libstdc++.so").symlink_to(runtime)
-    script = staging / wrapper.name
-    script.write_text("#!/bin/sh\n"
-                      "# Made by keepfast (compiler/backends/cxx_linkage.py): this compiler linked libstdc++\n"
-                      "# statically into shared objects, which crashes torch's AOTInductor package loader.\n"
-                      'case " $* " in\n'
-                      f"  *\" -shared \"*) exec '{real}' -L'{folder}' \"$@\" ;;\n"
-                      "esac\n"
-                      f"exec '{real}' \"$@\"\n")
-    script.chmod(0o755)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".making-", dir=folder.parent))
+    if prepare is not None:
+        prepare(staging)
+    (staging / name).write_text(script)
+    (staging / name).chmod(0o755)
     try:
         os.rename(staging, folder)
     except OSError:  # another process made it first

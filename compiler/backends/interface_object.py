@@ -248,23 +248,26 @@ def make_wrapper(real: str, interface_path: str, root: Path, torch_version: str)
     key = hashlib.sha256("\0".join((compiler_identity(real), own, interface_path, torch_version,
                                     sys.executable)).encode()).hexdigest()[:16]
     folder = root / key
-    wrapper = folder / os.path.basename(real)
-    if wrapper.is_file():
-        return str(wrapper)
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".making-", dir=root))
-    script = staging / wrapper.name
-    script.write_text("#!/bin/sh\n"
-                      "# Made by keepfast (compiler/backends/interface_object.py): compiles torch's AOTInductor\n"
-                      "# runtime interface once and reuses it in every package's wrapper.\n"
-                      f"exec '{sys.executable}' -S -E '{this}' '{real}' '{interface_path}' '{folder / 'objects'}' "
-                      '-- "$@"\n')
-    script.chmod(0o755)
-    try:
-        os.rename(staging, folder)
-    except OSError:  # another process made it first
-        shutil.rmtree(staging, ignore_errors=True)
-    return str(wrapper)
+    script = ("#!/bin/sh\n"
+              "# Made by keepfast (compiler/backends/interface_object.py): compiles torch's AOTInductor\n"
+              "# runtime interface once and reuses it in every package's wrapper.\n"
+              f"exec '{sys.executable}' -S -E '{this}' '{real}' '{interface_path}' '{folder / 'objects'}' "
+              '-- "$@"\n')
+    return _cxx_linkage().publish_wrapper(folder, os.path.basename(real), script)
+
+
+def _cxx_linkage():
+    """cxx_linkage.py beside this file, by its path (the build process loads both so, under this name)."""
+    import importlib.util
+
+    name = "keepfast_cxx_linkage"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, os.path.join(os.path.dirname(os.path.abspath(__file__)), "cxx_linkage.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
 
 
 def apply(root) -> Tuple[str, str]:
