@@ -49,6 +49,7 @@ FILE_SECONDS: Dict[str, float] = {
     "tests/test_batch_samples.py": 69,
     "tests/test_remote_s3.py": 68,
     "tests/test_cxx_linkage.py": 60,
+    "tests/test_interface_object.py": 60,  # new 2026-12-02: 76 s in that day's run on a slower machine
     "tests/test_forked_trace.py": 59,
     "tests/test_build_book.py": 56,
     "tests/test_compiler_crash.py": 51,
