@@ -424,7 +424,7 @@ def main(folder: str) -> int:
             _sibling("cxx_linkage").apply(job["cxx_link"])
         if job.get("interface_objects"):  # torch's runtime interface compiled once, not in every wrapper
             _sibling("interface_object").apply(job["interface_objects"])
-            os.environ[_sibling("interface_object").LOG_ENV] = os.path.join(folder, "interface.log")
+            os.environ[_sibling("interface_object").LOG_ENV] = os.path.join(folder, INTERFACE_LOG)
         # Inductor picks the vector ISA for the host code of every package, a CUDA one too (AotCodeCompiler calls
         # pick_vec_isa). For a CPU program the probe runs here: from the folder kept per machine, where its test
         # programs are built once. A GPU program's job says no ISA (package_builds.GPU_HOST_ISA), so none is
@@ -492,10 +492,13 @@ def _compile(folder: str, job: dict, configs: dict, target: str, started: float)
     return phases, profile.sampler.top(), profile.kernel_builds.slowest()
 
 
+INTERFACE_LOG = "interface.log"  # in the build's folder: a line per wrapper compiled (interface_object.LOG_ENV)
+
+
 def _interface_objects(folder: str) -> dict:
     """How this build's wrappers were compiled (interface_object.py): {"interface_made" | "interface_reused" |
     "interface_whole": count}, the nonzero ones; why a wrapper was compiled whole goes to stderr."""
-    log = os.path.join(folder, "interface.log")
+    log = os.path.join(folder, INTERFACE_LOG)
     if not os.path.isfile(log):
         return {}
     counts = _sibling("interface_object").read_log(log)
