@@ -1,21 +1,49 @@
 """KeepFast's compiler core: compile once per model structure, serve every shape,
-keep graphs on disk without weights. Never imports ComfyUI."""
+keep graphs on disk without weights. Never imports ComfyUI.
 
-from .backends import DEFAULT_BACKEND, backend_names, get_backend, register_backend, unavailable_reason
-from .binding import CallBinder
-from .compiled_forward import CompiledForward, CompileOptions, Served
-from .diffusers_api import compile_module, compile_pipe, load_pipe, save_pipe, uncompile_module
-from .library import GraphLibrary
-from .registry import GraphRegistry, default_registry
-from .shapes import DEFAULT_RANGE, ShapeRange
-from .store import GraphRefused, GraphStore, StoreError
-from .trust import TrustList
-from .version import __version__
+This is the package's public face: ComfyUI's nodes, the diffusers API and the command line use the names below.
+They are imported when first used, so that importing one stage (the build process, the benchmark's configs)
+does not import the others.
 
-__all__ = [
-    "DEFAULT_BACKEND", "DEFAULT_RANGE", "CallBinder", "CompiledForward", "CompileOptions", "GraphLibrary",
-    "GraphRefused", "GraphRegistry", "Served",
-    "GraphStore", "ShapeRange", "StoreError", "TrustList", "__version__", "backend_names", "compile_module",
-    "compile_pipe", "default_registry", "get_backend", "load_pipe", "register_backend", "save_pipe",
-    "uncompile_module", "unavailable_reason",
-]
+The core, by stage: `keys/` (when two calls share a graph), `tracing/` (a call to an exported program),
+`backends/` (compiling and loading graphs), `builds/` (background builds) and `build_process/` (what runs in
+a build process), `serving/` (the call path), `store/` (graphs on disk and in memory), `machine/` (what a graph
+needs of the machine), `blocks/` (transformers block by block), `remote/` (graph libraries for fleets).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Dict
+
+# public name -> the module that defines it, relative to this package
+_PUBLIC: Dict[str, str] = {
+    "DEFAULT_BACKEND": ".backends", "backend_names": ".backends", "get_backend": ".backends",
+    "register_backend": ".backends", "unavailable_reason": ".backends",
+    "CallBinder": ".keys.binding",
+    "CompiledForward": ".serving.compiled_forward", "CompileOptions": ".serving.compiled_forward",
+    "Served": ".serving.compiled_forward",
+    "compile_module": ".diffusers_api", "compile_pipe": ".diffusers_api", "load_pipe": ".diffusers_api",
+    "save_pipe": ".diffusers_api", "uncompile_module": ".diffusers_api",
+    "GraphLibrary": ".store.library",
+    "GraphRegistry": ".store.registry", "default_registry": ".store.registry",
+    "DEFAULT_RANGE": ".keys.shapes", "ShapeRange": ".keys.shapes",
+    "GraphRefused": ".store.graph_store", "GraphStore": ".store.graph_store", "StoreError": ".store.graph_store",
+    "TrustList": ".store.trust",
+    "__version__": ".version",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))

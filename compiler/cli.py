@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from .library import NotAGraphsFolder, graphs_folder, stored_at, trust
-from .quiet import third_party_quiet
-from .store import GraphRefused, GraphStore
+from .store.library import NotAGraphsFolder, graphs_folder, stored_at, trust
+from .serving.quiet import third_party_quiet
+from .store.graph_store import GraphRefused, GraphStore
 
 
 def _open_store(folder: str) -> Optional[GraphStore]:
@@ -111,7 +111,7 @@ def _graphs_trust(args) -> int:
 
 
 def _graphs_export(args) -> int:
-    from .bundle import export_bundle
+    from .store.bundle import export_bundle
 
     store = _open_store(args.dir)
     if store is None:
@@ -126,8 +126,8 @@ def _graphs_export(args) -> int:
 
 
 def _graphs_import(args) -> int:
-    from .bundle import import_bundle
-    from .store import StoreError
+    from .store.bundle import import_bundle
+    from .store.graph_store import StoreError
 
     try:
         stored = import_bundle(GraphStore(args.dir), Path(args.bundle), trust=args.trust, expect_dtype=args.dtype)
@@ -237,7 +237,7 @@ def _graphs_keygen(args) -> int:
 
 def _graphs_trust_key(args) -> int:
     from .remote import PublicKey, SigningKeyError
-    from .trust import TrustList
+    from .store.trust import TrustList
 
     try:
         public = PublicKey.read(args.key)
@@ -252,7 +252,7 @@ def _graphs_trust_key(args) -> int:
 
 
 def _graphs_untrust_key(args) -> int:
-    from .trust import TrustList
+    from .store.trust import TrustList
 
     trust_list = TrustList()
     if args.key_id not in trust_list.keys():
@@ -264,7 +264,7 @@ def _graphs_untrust_key(args) -> int:
 
 
 def _graphs_keys(args) -> int:
-    from .trust import TrustList
+    from .store.trust import TrustList
 
     keys = TrustList().keys()
     if not keys:
@@ -355,18 +355,38 @@ def build_parser() -> argparse.ArgumentParser:
     imp.set_defaults(run=_graphs_import)
     _add_remote_commands(graph_commands)
 
-    from .testing.bench import add_arguments as _bench_arguments, run_from_args as _bench_run
-
     bench = commands.add_parser("bench", help="eager vs plain torch.compile vs KeepFast (see docs/benchmarks.md)")
-    _bench_arguments(bench)
-    bench.set_defaults(run=_bench_run)
+    benchmarks = _benchmarks()
+    if benchmarks is None:
+        bench.set_defaults(run=lambda _args: _say_no_benchmarks())
+    else:
+        benchmarks.add_arguments(bench)
+        bench.set_defaults(run=benchmarks.run_from_args)
     return parser
+
+
+def _benchmarks():
+    """The benchmark: the `benchmarks` folder beside this package, outside the library (None where it is absent)."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / "benchmarks" / "__init__.py").is_file() and str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
+        import benchmarks
+    except ImportError:
+        return None
+    return benchmarks
+
+
+def _say_no_benchmarks() -> int:
+    print("the benchmark is the `benchmarks` folder of the pack's repository, beside `compiler`; "
+          "it is not here", file=sys.stderr)
+    return 2
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "demo":
-        from .testing.demo import run_demo
+        from .demo.run import run_demo
 
         return run_demo(Path(args.out), steps=args.steps, load_check=args.load_check, background=args.background)
     with third_party_quiet():  # the notices torch, diffusers and transformers print while a command runs

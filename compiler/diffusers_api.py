@@ -20,14 +20,16 @@ import torch
 
 from .backends import DEFAULT_BACKEND, get_backend
 from .blocks import BlockEngine, BlockOptions, compile_blocks
-from .cached_steps import ChunkServer, chunk_server, example_frames, installed_chunk_server, takes_feature_cache
-from .compiled_forward import CompiledForward, CompileOptions
-from .environment import dtype_from_name, dtype_name
-from .library import GraphLibrary
-from .registry import FALLBACK, GraphRegistry, default_registry
-from .shapes import DEFAULT_RANGE, ShapeRange
-from .store import GraphRefused, GraphStore, StoreError
-from .structure import module_device, module_dtype
+from .serving.cached_steps import (
+    ChunkServer, chunk_server, example_frames, installed_chunk_server, takes_feature_cache,
+)
+from .serving.compiled_forward import CompiledForward, CompileOptions
+from .machine.environment import dtype_from_name, dtype_name
+from .store.library import GraphLibrary
+from .store.registry import FALLBACK, GraphRegistry, default_registry
+from .keys.shapes import DEFAULT_RANGE, ShapeRange
+from .store.graph_store import GraphRefused, GraphStore, StoreError
+from .keys.structure import module_device, module_dtype
 
 log = logging.getLogger("keepfast")
 
@@ -98,7 +100,7 @@ def compile_pipe(
 
     A `transformer` / `transformer_2` (Flux, SD3, Wan, Qwen-Image) is served
     block by block (`compiler.blocks`): one graph per distinct block structure.
-    `verify`: the first-use check (compiler/verify.py) compares each graph's
+    `verify`: the first-use check (compiler/serving/verify.py) compares each graph's
     first call with new input shapes against eager; on by default.
     `background`: the UNet's and VAE's graphs build in a child process while
     the pipeline runs eager, and serve from the call after they land

@@ -41,7 +41,7 @@ import torch
 from ..compiler.blocks import BlockEngine, BlockFamily, BlockInstance, BlockOptions, Dims, Geometry
 from ..compiler.blocks.family import generator_for, model_dtype_device
 from ..compiler.blocks.quantised import PLAIN, CallTensors, StoredWeights
-from ..compiler.shapes import ShapeRange
+from ..compiler.keys.shapes import ShapeRange
 from .attention import graph_attention
 from .attention import graph_attention_options as _graph_attention_options
 from .gguf import GGUFWeights, is_ggml_layer

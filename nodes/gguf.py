@@ -39,7 +39,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 
 from ..compiler.blocks.quantised import CallTensors, StoredWeights
-from ..compiler.flat_module import MODULE_PREFIX
+from ..compiler.tracing.flat_module import MODULE_PREFIX
 
 DELTA = "keepfast_delta"  # the graph weight of a quantised Linear's patch sum (`m.<path>.keepfast_delta`)
 

@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, List
 
-from ..compiler.atomic import write_bytes
-from ..compiler.store import safe_part
+from ..compiler.store.atomic import write_bytes
+from ..compiler.store.graph_store import safe_part
 
 SET_FORMAT = "keepfast-graph-set"
 SET_FORMAT_VERSION = 1

@@ -9,10 +9,10 @@ from typing import Any, Iterable, List, Optional, Tuple
 
 from ..compiler import DEFAULT_BACKEND, CompiledForward, GraphRefused, StoreError, get_backend
 from ..compiler.blocks import BlockEngine
-from ..compiler.library import GraphLibrary, trust as trust_graph
-from ..compiler.manifest import MANIFEST_SUFFIX
-from ..compiler.registry import REFUSED
-from ..compiler.store import GraphStore, MultiRootStore
+from ..compiler.store.library import GraphLibrary, trust as trust_graph
+from ..compiler.store.manifest import MANIFEST_SUFFIX
+from ..compiler.store.registry import REFUSED
+from ..compiler.store.graph_store import GraphStore, MultiRootStore
 from . import runtime, unet, vae as vae_side
 from .graph_sets import GraphSetError, graph_set_entries, read_json, set_file_name, write_graph_set
 from .sizes import clamp

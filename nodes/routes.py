@@ -25,10 +25,10 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from aiohttp import web
 
-from ..compiler.environment import torch_version
-from ..compiler.library import trust
-from ..compiler.manifest import MANIFEST_SUFFIX
-from ..compiler.store import GraphRefused, GraphStore, MultiRootStore, StoredGraph
+from ..compiler.machine.environment import torch_version
+from ..compiler.store.library import trust
+from ..compiler.store.manifest import MANIFEST_SUFFIX
+from ..compiler.store.graph_store import GraphRefused, GraphStore, MultiRootStore, StoredGraph
 
 PREFIX = "/keepfast"
 STATS = PREFIX + "/stats"

@@ -16,13 +16,13 @@ import os
 import threading
 from typing import Any, Dict, List, Optional
 
-from ..compiler import (DEFAULT_BACKEND, GraphRegistry, TrustList, backend_names, build_status, default_registry,
-                        unavailable_reason)
-from ..compiler.backends import package_builds
-from ..compiler.manifest import MANIFEST_SUFFIX
-from ..compiler.registry import COMPILE, EVICT, FALLBACK, LOAD, MISMATCH, NOTE, PROGRESS, REFUSED, Event
-from ..compiler.store import MultiRootStore
-from ..compiler.time_share import TimeShare
+from ..compiler import DEFAULT_BACKEND, GraphRegistry, TrustList, backend_names, default_registry, unavailable_reason
+from ..compiler.builds import status as build_status
+from ..compiler.builds import package_builds
+from ..compiler.store.manifest import MANIFEST_SUFFIX
+from ..compiler.store.registry import COMPILE, EVICT, FALLBACK, LOAD, MISMATCH, NOTE, PROGRESS, REFUSED, Event
+from ..compiler.store.graph_store import MultiRootStore
+from ..compiler.serving.time_share import TimeShare
 
 log = logging.getLogger("keepfast")
 
@@ -67,7 +67,7 @@ def setup() -> None:
 
 def _say_torch_support() -> None:
     """At ComfyUI's start: a torch the pack does not compile with is named now, not at the first image."""
-    from ..compiler import torch_support
+    from ..compiler.machine import torch_support
 
     refused, untested = torch_support.refusal(), torch_support.untested_note()
     if refused:
@@ -78,7 +78,7 @@ def _say_torch_support() -> None:
 
 def _sweep_leftovers() -> None:
     """Remove what stopped ComfyUI processes left in TMPDIR (SIGTERM, SIGKILL), at start, not at first load."""
-    from ..compiler import extraction
+    from ..compiler.store import extraction
 
     try:
         swept = extraction.sweep()

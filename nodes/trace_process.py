@@ -1,4 +1,4 @@
-"""ComfyUI's command-line settings in a spawned trace process (compiler/backends/spawned_trace.py).
+"""ComfyUI's command-line settings in a spawned trace process (compiler/tracing/spawned_trace.py).
 
 A background build's trace runs in a spawned process where a fork cannot (a GPU ComfyUI). Unpickling the
 diffusion model there imports ComfyUI's classes, and with them comfy.model_management, which picks its device
@@ -16,7 +16,7 @@ from typing import Callable, Dict
 
 def register() -> None:
     """Every spawned trace process of this ComfyUI gets its settings (idempotent)."""
-    from ..compiler.backends import spawned_trace
+    from ..compiler.tracing import spawned_trace
 
     spawned_trace.prepare_children(settings_now)
 

@@ -33,10 +33,10 @@ import torch
 from ..compiler import DEFAULT_BACKEND, CompiledForward, CompileOptions
 from ..compiler.backends.cuda_graphs import asked_for as cuda_graphs_asked_for
 from ..compiler.backends.base import portable_forward
-from ..compiler.binding import CallBinder
+from ..compiler.keys.binding import CallBinder
 from ..compiler.blocks import BlockEngine, BlockOptions
-from ..compiler.keys import FamilyKey
-from ..compiler.structure import architecture_name
+from ..compiler.keys.graph_keys import FamilyKey
+from ..compiler.keys.structure import architecture_name
 from . import blocks, other_compilers, runtime
 from .attention import graph_attention_options
 from .patches import side_inputs_reason

@@ -19,10 +19,10 @@ import torch
 
 from ..compiler import CompiledForward, CompileOptions, ShapeRange
 from ..compiler.backends.base import portable_forward
-from ..compiler.cached_steps import ChunkServer, chunk, chunk_server, example_frames, takes_feature_cache
-from ..compiler.keys import FamilyKey
-from ..compiler.shapes import BATCH, FRAMES, SPATIAL, default_roles
-from ..compiler.structure import architecture_name
+from ..compiler.serving.cached_steps import ChunkServer, chunk, chunk_server, example_frames, takes_feature_cache
+from ..compiler.keys.graph_keys import FamilyKey
+from ..compiler.keys.shapes import BATCH, FRAMES, SPATIAL, default_roles
+from ..compiler.keys.structure import architecture_name
 from . import runtime
 from .attention import graph_vae_attention
 from .sizes import clamp
@@ -31,7 +31,7 @@ from .unet import Settings
 RUNNER_ATTRIBUTE = "_keepfast_runner"
 OPS = ("decode", "encode")
 # Video VAEs that run chunk by chunk with a feature cache (Wan 2.1/2.2, Qwen-Image): the submodule each op
-# calls per chunk, served by compiler/cached_steps.py.
+# calls per chunk, served by compiler/serving/cached_steps.py.
 CHUNK_MODULES = {"decode": "decoder", "encode": "encoder"}
 # Video VAEs that decode and encode a whole video in one pass whose ops follow the frame count (LTX-Video's
 # causal VideoVAE): one graph per operation with the frames as their own dynamic axis. Other video VAEs run
@@ -104,7 +104,7 @@ class VaeRunner:
         frames = None
         if self.whole_video:  # latent frames for decode, video frames for encode
             frames = (1, max(1, self.temporal(s.max_frames))) if op == "decode" else (1, max(1, s.max_frames))
-        if op == "decode":  # a decoder only upsamples: latent sizes free (compiler/alignment.py counts the encoder's)
+        if op == "decode":  # a decoder only upsamples: latent sizes free (compiler/keys/alignment.py counts the encoder's)
             return dataclasses.replace(latent, frames=frames, spatial_multiple=1)
         return ShapeRange(batch=latent.batch, spatial=(latent.spatial[0] * self.scale, latent.spatial[1] * self.scale),
                           frames=frames)

@@ -24,7 +24,7 @@ from tests.support.torch_trace_log import pytest_runtest_call, pytest_runtest_se
 _TRUST_DIR = tempfile.mkdtemp(prefix="keepfast-trust-")
 os.environ.setdefault("KEEPFAST_TRUST_FILE", os.path.join(_TRUST_DIR, "trusted.json"))
 
-# Packages built in this run, found again by a build of the same program (compiler/backends/build_memo.py): every
+# Packages built in this run, found again by a build of the same program (compiler/build_process/build_memo.py): every
 # test starts from an empty graphs folder, so without it many builds compiled a program an earlier test had built
 # (the same program file in 37 of 97 builds of a partial run, 2026-12-02). Made where the run starts (xdist's
 # workers inherit it), removed at its end. A test about the compile itself (its phases, its headers, its kernels) turns it off: `no_build_memo`.
@@ -68,8 +68,8 @@ def saved_pipe(tmp_path_factory, test_range) -> SavedPipe:
     import shutil
 
     from compiler import GraphRegistry, save_pipe
-    from compiler.file_lock import held
-    from compiler.testing.tiny_models import tiny_sd_pipeline
+    from compiler.store.file_lock import held
+    from compiler.demo.tiny_models import tiny_sd_pipeline
 
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this run's, common to its workers

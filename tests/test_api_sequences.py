@@ -28,7 +28,7 @@ FP16_IGNORES = ("unet", "vae.encoder")
 def sdxl_graphs(tmp_path_factory, test_range):
     """An SDXL-style (text_time) UNet's graphs, saved before any image."""
     from compiler import GraphRegistry, save_pipe
-    from compiler.testing.tiny_models import tiny_sdxl_pipeline
+    from compiler.demo.tiny_models import tiny_sdxl_pipeline
 
     graphs = tmp_path_factory.mktemp("sdxl") / "graphs"
     report = save_pipe(tiny_sdxl_pipeline(0), graphs, shape_range=test_range, ignores=SDXL_IGNORES,
@@ -41,7 +41,7 @@ def sdxl_graphs(tmp_path_factory, test_range):
 def fp16_vae_graphs(tmp_path_factory, test_range):
     """A float16 VAE that the pipeline upcasts to float32: both dtypes' decoder graphs, saved before any image."""
     from compiler import GraphRegistry, save_pipe
-    from compiler.testing.tiny_models import tiny_sdxl_pipeline
+    from compiler.demo.tiny_models import tiny_sdxl_pipeline
 
     graphs = tmp_path_factory.mktemp("fp16") / "graphs"
     report = save_pipe(tiny_sdxl_pipeline(0, vae_dtype=torch.float16), graphs, shape_range=test_range,

@@ -19,11 +19,13 @@ import time
 import pytest
 import torch
 
-from compiler import CompileOptions, build_status, machine_fit
-from compiler.backends import package_builds
+from compiler import CompileOptions
+from compiler.builds import status as build_status
+from compiler.machine import machine_fit
+from compiler.builds import package_builds
 from compiler.diffusers_api import compile_module
-from compiler.registry import GraphRegistry
-from compiler.testing.tiny_models import tiny_unet
+from compiler.store.registry import GraphRegistry
+from compiler.demo.tiny_models import tiny_unet
 from tests.support.background import (HERE, RANGE, background_unet, build_folders, gone, served_difference,
                                       stop_parent_mid_build, unet_call)
 

@@ -1,4 +1,4 @@
-"""A VAE's batch served one image at a time by the graph of one image (compiler/samples.py).
+"""A VAE's batch served one image at a time by the graph of one image (compiler/serving/samples.py).
 
 A diffusers AutoencoderKL with 16 latent channels (the layout of Flux's and SD3's VAE, tiny widths): on
 this CPU torch's fake convolution guards on the batch, so the graph traced for one image serves one image
@@ -19,9 +19,9 @@ import torch.utils._pytree as pytree
 from compiler import ShapeRange, compile_pipe
 from compiler.backends import aot
 from compiler.diffusers_api import compiled_parts
-from compiler.registry import GraphRegistry
-from compiler.samples import CannotJoin, join_samples, samples_of
-from compiler.signature import FlatCall
+from compiler.store.registry import GraphRegistry
+from compiler.serving.samples import CannotJoin, join_samples, samples_of
+from compiler.keys.signature import FlatCall
 
 RANGE = ShapeRange(batch=(1, 4), spatial=(8, 16))
 ORDER = [(2, 16), (1, 8), (3, 12), (4, 16), (1, 16)]  # (batch, latent side): two images first

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from compiler.testing.bench import models as M
-from compiler.testing.bench import report
-from compiler.testing.bench.comfy_e2e import prompt, run_comfy
+from benchmarks import models as M
+from benchmarks import report
+from benchmarks.comfy_e2e import prompt, run_comfy
 
 
 def _steady(shapes, eager, compiled):
@@ -109,7 +109,7 @@ def test_a_third_process_whose_eager_differed_leaves_the_pair_that_agreed_measur
 def test_the_machine_s_busy_cores_while_the_pairs_ran_are_reported_per_process():
     """Two lanes share one machine: a process timing its pairs while the other lane compiles sees a busy CPU, and
     a GPU step's kernel launches wait for it. The report names how busy the machine was for each process."""
-    from compiler.testing.bench import worker
+    from benchmarks import worker
 
     jobs = _jobs()
     loaded = next(job for job in jobs if job["variant"] == "ours_aot_load")
@@ -207,7 +207,7 @@ def test_comfyui_workflow_puts_the_mode_node_before_the_sampler(mode, node):
 
 def test_comfyui_part_runs_comfyuis_default_attention_and_reads_which_it_used(tmp_path):
     """No attention flag unless asked (ComfyUI picks: sub-quadratic on a CPU); bench.md names what its log says."""
-    from compiler.testing.bench.comfy_e2e import ATTENTION_FLAGS, Server, picked_attention
+    from benchmarks.comfy_e2e import ATTENTION_FLAGS, Server, picked_attention
     from compiler.cli import build_parser
 
     assert Server("python", tmp_path, tmp_path, {}, "log").attention_args == []
@@ -232,7 +232,7 @@ def test_the_first_use_check_cost_is_reported_next_to_the_sweep():
 
 def test_session_figures_and_their_ratios():
     """bench.json's session part: per model and variant, and ours-background's two ratios."""
-    from compiler.testing.bench import session as S
+    from benchmarks import session as S
 
     def run(variant, restart, first, total, compiles, **extra):
         return {"kind": "session", "model": "sd15", "variant": S.job_name(variant, restart), "first_image_s": first,
@@ -257,7 +257,7 @@ def test_session_variants_pick_the_session_jobs():
     """--session-variants eager,ours_background: the first image ratio's two variants only, each with its restart
     where it has one; without a torch.compile variant the session ratio is not given (never a made-up one)."""
     from compiler.cli import build_parser
-    from compiler.testing.bench import session as S
+    from benchmarks import session as S
 
     args = build_parser().parse_args(["bench", "--out", "o", "--session-variants", "eager,ours_background"])
     assert args.session_variants == ["eager", "ours_background"]
@@ -277,8 +277,8 @@ def test_a_session_runs_from_process_start_in_its_own_process(tmp_path):
     """A real (eager) session job through the runner: its figures count from the process's start."""
     import os
 
-    from compiler.testing.bench import runner
-    from compiler.testing.bench import session as S
+    from benchmarks import runner
+    from benchmarks import session as S
 
     (job,) = [j for j in S.session_jobs("sd15", "unet") if j["session_variant"] == "eager"]
     job.update(profile="quick", device="cpu", dtype="fp32", images=3, steps=2, graphs_dir=str(tmp_path / "g"))
@@ -305,7 +305,7 @@ def _weights_result(variant, vs_eager, step, compiles_after, first_compiles, dif
 
 
 def _weights_raw():
-    from compiler.testing.bench import weights as W
+    from benchmarks import weights as W
 
     return {"model": "flux", "config": W.settings(True), "results": {
         "gguf-q8": {"variants": {
@@ -320,7 +320,7 @@ def _weights_raw():
 
 def test_cli_parses_the_weights_options_and_passes_them_on(monkeypatch):
     from compiler.cli import build_parser
-    from compiler.testing.bench import runner
+    from benchmarks import runner
 
     args = build_parser().parse_args(["bench", "--out", "o", "--quick", "--models", "flux",
                                       "--weights", "gguf-q8,gguf-q4,fp8", "--weights-only"])
@@ -341,7 +341,7 @@ def test_cli_parses_the_weights_options_and_passes_them_on(monkeypatch):
 
 @pytest.mark.parametrize("quick", [True, False])
 def test_the_weights_sweep_changes_the_lora_strength_inside_the_declared_range(quick):
-    from compiler.testing.bench import weights as W
+    from benchmarks import weights as W
 
     config = W.settings(quick)
     rows = config["rows"]
@@ -391,8 +391,8 @@ def test_weights_table_in_bench_md(tmp_path):
 
 
 def test_weights_kinds_that_cannot_run_are_skipped_with_the_reason(tmp_path, capsys):
-    from compiler.testing.bench import runner
-    from compiler.testing.bench import weights as W
+    from benchmarks import runner
+    from benchmarks import weights as W
 
     result = W.run_weights(tmp_path / "w", ["gguf-q8", "fp8"], quick=True, env={"PATH": "/usr/bin"})
     for kind in ("gguf-q8", "fp8"):
@@ -412,7 +412,7 @@ def test_weights_kinds_that_cannot_run_are_skipped_with_the_reason(tmp_path, cap
 
 
 def test_steady_pairs_alternate_and_say_what_else_the_process_ran():
-    from compiler.testing.bench import worker
+    from benchmarks import worker
 
     calls = []
     out = worker._steady(lambda fn, shape: fn() or 0.01, lambda: calls.append("eager"),

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from compiler.testing.bench import check
-from compiler.testing.bench import models as M
-from compiler.testing.bench import transformer_configs as C
-from compiler.testing.bench.joblog import JobLog
+from benchmarks import check
+from benchmarks import models as M
+from benchmarks import transformer_configs as C
+from benchmarks.joblog import JobLog
 
 ASKED = {  # the issue: every model, each of these variants; the UNets' loaded graphs also with CUDA graph replays
     "sd15": {"eager", "torch_compile", "ours_aot_cold", "ours_aot_load", "ours_aot_load_cg"},
@@ -248,7 +248,7 @@ def test_the_progress_writes_leave_no_chart_until_the_end(tmp_path):
 def test_the_worker_options_of_the_check(tmp_path):
     """A two-level UNet, eager (with steady pairs): no sweep with its reason, the difference from eager, the figures
     checkpointed, the steady pairs under the lock."""
-    from compiler.testing.bench import worker
+    from benchmarks import worker
 
     job = {"model": "sd15", "variant": "eager", "profile": "quick", "device": "cpu", "dtype": "fp32", "reps": 1,
            "build_on_device": True, "compare": True, "sweep_s": 0, "sweep_why": "not in this test",
@@ -264,7 +264,7 @@ def test_the_worker_options_of_the_check(tmp_path):
 
 
 def test_a_window_cuts_the_sweep_and_says_how_far_it_got():
-    from compiler.testing.bench import worker
+    from benchmarks import worker
 
     job = {"model": "vae", "variant": "eager", "profile": "quick", "device": "cpu", "dtype": "fp32", "reps": 1,
            "sweep_s": 1e-9}
@@ -277,7 +277,7 @@ def test_a_window_cuts_the_sweep_and_says_how_far_it_got():
 def test_a_job_stopped_during_its_sweep_counts_the_shapes_it_ran_out_of_the_whole_sweep():
     """The figures a job checkpointed before it was stopped (a CPU rehearsal: '0 (1 of 1)' for a VAE stopped after one
     sweep shape): the row counts the shapes run out of the sweep's 15."""
-    from compiler.testing.bench import worker
+    from benchmarks import worker
 
     class Stopped(Exception):
         pass
@@ -313,7 +313,7 @@ def test_the_job_log_takes_each_line_as_it_comes_and_stops_a_job_at_its_limit(tm
 def test_a_job_stopped_at_its_limit_is_reported_by_its_last_step_not_a_line_of_its_stacks(tmp_path, monkeypatch):
     """A job killed at its limit printed Python's stacks 10 s before it (worker.py): its row says where it was (the
     last progress line), and the error keeps the stacks' last lines."""
-    from compiler.testing.bench import joblog, runner
+    from benchmarks import joblog, runner
 
     step = "[     9.3 s] ours_aot_cold vae: built in 9.3 s; first call at (1, 32, 32)"
 
@@ -339,12 +339,12 @@ def test_each_configuration_runs_in_a_process_of_its_own_and_the_run_writes_at_m
     with its own job file, result file and Inductor cache; what it leaves in --out is at most the check's files."""
     import torch
 
-    from compiler.testing.bench import joblog
+    from benchmarks import joblog
 
     started = []
 
     def fake_run(self, source, command, cwd, env, timeout, **limits):
-        assert command[:3] == [sys.executable, "-m", "compiler.testing.bench.worker"]
+        assert command[:3] == [sys.executable, "-m", "benchmarks.worker"]
         job = json.loads(Path(command[3]).read_text())
         started.append((source, job["model"], job["variant"], env["TORCHINDUCTOR_CACHE_DIR"], command[4]))
         self.write(source, f"ran {job['model']}/{job['variant']}")
@@ -370,7 +370,7 @@ def test_each_configuration_runs_in_a_process_of_its_own_and_the_run_writes_at_m
 def test_a_job_near_its_limit_prints_the_stacks_from_a_python_thread(capsys):
     """Not faulthandler's later dump, which read other threads' frames without the GIL and was followed by SIGSEGV
     in two jobs on the lent H100: the stacks come from a Python thread, the waiting thread's own frame in them."""
-    from compiler.testing.bench import worker
+    from benchmarks import worker
 
     def _waiting_here():
         worker._print_stacks_later(0.05)
@@ -395,7 +395,7 @@ def test_the_check_command_without_variants_runs_the_check_s_own_cuda_graph_vari
     ours_aot_load_cg (the loaded UNets with CUDA graph replays)."""
     import argparse
 
-    from compiler.testing import bench
+    import benchmarks as bench
 
     asked = {}
     monkeypatch.setattr(check, "run_check", lambda out, **kw: asked.update(kw) or 0)
@@ -414,9 +414,9 @@ def test_a_block_engine_s_job_ends_without_asking_for_cuda_graph_replays():
     from types import SimpleNamespace
 
     from compiler.blocks import BlockOptions
-    from compiler.compiled_forward import CompileOptions
-    from compiler.registry import GraphRegistry
-    from compiler.testing.bench.worker import cuda_graph_replays
+    from compiler.serving.compiled_forward import CompileOptions
+    from compiler.store.registry import GraphRegistry
+    from benchmarks.worker import cuda_graph_replays
 
     registry = GraphRegistry()
     assert cuda_graph_replays(SimpleNamespace(options=BlockOptions()), registry) is None
@@ -427,12 +427,12 @@ def test_a_block_engine_s_job_ends_without_asking_for_cuda_graph_replays():
 
 def test_a_build_process_reports_its_stacks_and_the_worker_prints_them_at_its_limit(monkeypatch, tmp_path, capsys):
     """The GPU check's SD1.5 build had not ended in 230 s and its stacks were nowhere: build processes write
-    theirs where the worker reads them (package_build_child._report_stacks)."""
+    theirs where the worker reads them (build_process.child._report_stacks)."""
     import threading
     import time
 
-    from compiler.backends import package_build_child as child
-    from compiler.testing.bench import worker
+    from compiler.build_process import child as child
+    from benchmarks import worker
 
     monkeypatch.setenv(child.STACKS_ENV, str(tmp_path))
     monkeypatch.setattr(child, "STACKS_EVERY_S", 0.05)
@@ -455,7 +455,7 @@ def test_a_call_s_gpu_memory_is_measured_at_the_largest_shape_after_a_fresh_peak
     one call at the largest shape run, with the peak reset just before it."""
     import torch
 
-    from compiler.testing.bench import worker
+    from benchmarks import worker
 
     state = {"allocated": 1000 * 2**20, "peak": 9000 * 2**20}
     calls = []
@@ -481,7 +481,7 @@ def test_eager_is_timed_channels_last_against_contiguous_and_the_module_is_left_
     check's bench.md says the ratio."""
     import torch
 
-    from compiler.testing.bench import worker
+    from benchmarks import worker
 
     module = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(6, 6))
     shape = (1, 8, 8)

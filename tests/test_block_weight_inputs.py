@@ -1,4 +1,4 @@
-"""Block graphs take their weights as inputs (compiler/backends/weight_inputs.py): nothing is bound per call.
+"""Block graphs take their weights as inputs (compiler/tracing/weight_inputs.py): nothing is bound per call.
 
 Bound as constants, every tensor an instance handed the runner before its call left a handle torch's runtime never
 frees (3.5 kB a call for the tiny Flux here, torch 2.13). Checked: the lifted program's inputs, its package against
@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from compiler import GraphRegistry, compile_pipe
-from compiler.backends import weight_inputs
+from compiler.tracing import weight_inputs
 from compiler.diffusers_api import compiled_parts
-from compiler.manifest import Manifest
+from compiler.store.manifest import Manifest
 from tests.support import tiny_transformers as tt
 
 TOLERANCE = 1e-4

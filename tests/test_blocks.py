@@ -111,7 +111,7 @@ def test_sweep_runs_compiled_with_no_compile_and_no_fallback(served):
 
 def test_the_time_served_from_graphs_is_measured(served):
     """A call whose blocks all run from graphs: block time is graph time, what else the model call took is glue."""
-    from compiler.time_share import TimeShare
+    from compiler.serving.time_share import TimeShare
 
     before = TimeShare.from_seconds(served.registry.log.seconds)
     with torch.no_grad():

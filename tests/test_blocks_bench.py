@@ -9,9 +9,9 @@ import torch
 
 from compiler.blocks.diffusers_families import diffusers_family
 from compiler.blocks.finder import find_blocks
-from compiler.testing.bench import models as M
-from compiler.testing.bench import report
-from compiler.testing.bench import transformer_configs as C
+from benchmarks import models as M
+from benchmarks import report
+from benchmarks import transformer_configs as C
 
 
 @pytest.mark.parametrize("profile", M.PROFILES)

@@ -25,9 +25,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from compiler.blocks.binding import InstanceWeights, SharedRunner
 from compiler.blocks.export import export_block, trace_block
 from compiler.blocks.quantised import StoredWeights, structure_key, subclass_parts, subclass_storage_key
-from compiler.keys import FamilyKey, GraphKey
-from compiler.shapes import DEFAULT_RANGE
-from compiler.signature import FlatCall
+from compiler.keys.graph_keys import FamilyKey, GraphKey
+from compiler.keys.shapes import DEFAULT_RANGE
+from compiler.keys.signature import FlatCall
 
 TOLERANCE = 1e-5
 BOUNDS = [{0: (1, 4), 1: (2, 64)}]  # x: [batch, tokens, 8]

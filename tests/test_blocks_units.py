@@ -12,7 +12,7 @@ from compiler import ShapeRange
 from compiler.blocks import find_blocks
 from compiler.blocks import tokens as T
 from compiler.blocks.diffusers_families import diffusers_family
-from compiler.keys import FamilyKey, GraphKey
+from compiler.keys.graph_keys import FamilyKey, GraphKey
 from tests.support import tiny_transformers as tt
 
 
@@ -187,7 +187,7 @@ def test_a_call_outside_the_range_is_named_by_what_it_counts():
 def test_a_scoped_engine_serves_blocks_only_inside_its_scope():
     """ComfyUI shares one module among every clone of a MODEL: blocks outside the node's hook stay untouched."""
     from compiler.blocks import BlockEngine
-    from compiler.registry import GraphRegistry
+    from compiler.store.registry import GraphRegistry
 
     model = tt.build("flux", seed=0)
     reference = tt.call(model, tt.FIRST).detach()

@@ -1,4 +1,4 @@
-"""Background builds belong to the process, not to one wrapper of a model (compiler/build_book.py).
+"""Background builds belong to the process, not to one wrapper of a model (compiler/builds/book.py).
 
 ComfyUI drops a Speedup node's output whenever another workflow runs or something upstream changes, and makes a
 new one for the next run of the pack's workflow. Here a wrapper (CompiledForward) of a tiny SD UNet starts a
@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from compiler import CompiledForward, CompileOptions
-from compiler.backends import package_builds
-from compiler.registry import GraphRegistry
-from compiler.testing.tiny_models import tiny_unet
+from compiler.builds import package_builds
+from compiler.store.registry import GraphRegistry
+from compiler.demo.tiny_models import tiny_unet
 from tests.support.background import HERE, RANGE, build_folders, unet_call
 
 OPTIONS = CompileOptions(shape_range=RANGE, background=True, label="unet")

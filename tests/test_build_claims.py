@@ -1,4 +1,4 @@
-"""Two processes sharing a graphs folder never build the same graph at once (compiler/build_claims.py).
+"""Two processes sharing a graphs folder never build the same graph at once (compiler/builds/claims.py).
 
 Unit level: a claim is one process's at a time, names its holder, is dropped by the kernel when its holder
 is killed, leaves no file when released, and nobody claims where the folder cannot be written.
@@ -24,12 +24,13 @@ from pathlib import Path
 
 import torch
 
-from compiler import CompileOptions, build_claims
-from compiler.backends import package_builds
+from compiler import CompileOptions
+from compiler.builds import claims as build_claims
+from compiler.builds import package_builds
 from compiler.diffusers_api import compile_module
-from compiler.registry import GraphRegistry
-from compiler.store import GraphStore
-from compiler.testing.tiny_models import tiny_unet
+from compiler.store.registry import GraphRegistry
+from compiler.store.graph_store import GraphStore
+from compiler.demo.tiny_models import tiny_unet
 
 SUPPORT = Path(__file__).parent / "support"
 BUILDER = SUPPORT / "claim_builder.py"

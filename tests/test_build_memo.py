@@ -1,4 +1,4 @@
-"""A program built before is copied from the build memo, not compiled again (compiler/backends/build_memo.py), and
+"""A program built before is copied from the build memo, not compiled again (compiler/build_process/build_memo.py), and
 the copy serves equal to eager; without the memo folder, or for another program, the build compiles."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from compiler import CompileOptions, GraphRegistry, ShapeRange, compile_module
-from compiler.backends import build_memo
+from compiler.build_process import build_memo
 
 RANGE = ShapeRange(batch=(1, 4), spatial=(4, 16), sequence=(1, 16))
 
@@ -62,8 +62,8 @@ def test_the_key_is_the_program_its_job_and_settings_not_how_fast_it_builds(tmp_
 
 def test_the_memo_is_offered_only_where_the_environment_names_it_and_no_limit_bounds_the_build(tmp_path, monkeypatch):
     """No folder, no memo; a build under a memory limit (or writing its stacks) is about its compile: no memo."""
-    from compiler.backends import package_builds
-    from compiler.backends.package_build_child import MEMORY_ENV, STACKS_ENV
+    from compiler.builds import package_builds
+    from compiler.build_process.child import MEMORY_ENV, STACKS_ENV
 
     monkeypatch.delenv(build_memo.MEMO_ENV, raising=False)
     assert package_builds._memo_folder() == ""

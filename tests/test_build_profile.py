@@ -1,4 +1,4 @@
-"""The CPU a compile used and where its main thread was (compiler/backends/build_profile.py), for ours and for
+"""The CPU a compile used and where its main thread was (compiler/build_process/build_profile.py), for ours and for
 torch.compile alike: on the H200 the SD1.5 build waited 76.4 s for its Triton kernels where torch.compile waited
 0.3 s, and the phase timers cannot say whether the kernel compilers were busy or idle in that wait."""
 
@@ -12,8 +12,10 @@ import time
 import pytest
 import torch
 
-from compiler.backends import aot, build_profile, package_builds
-from compiler.testing.bench import phases, report
+from compiler.backends import aot
+from compiler.build_process import build_profile
+from compiler.builds import package_builds
+from benchmarks import phases, report
 
 pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
 

@@ -1,5 +1,5 @@
-"""The time left of background builds (compiler/build_status.py) from this machine's build times
-(compiler/build_times.py): the queue's rules on made-up builds, and the times file kept small and safe."""
+"""The time left of background builds (compiler/builds/status.py) from this machine's build times
+(compiler/builds/times.py): the queue's rules on made-up builds, and the times file kept small and safe."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from compiler import build_status, build_times
+from compiler.builds import status as build_status, times as build_times
 from compiler.backends.base import BuildLabel
-from compiler.backends.package_builds import BUILDING, BUILT, WAITING, BuildView
+from compiler.builds.package_builds import BUILDING, BUILT, WAITING, BuildView
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ import torch
 
 from compiler import CompileOptions, GraphRegistry, ShapeRange, compile_module
 from compiler.backends import aot
-from compiler.testing.bench import call_overhead, check
+from benchmarks import call_overhead, check
 
 
 def test_a_call_s_time_is_split_into_its_graph_s_run_and_the_rest():

@@ -30,7 +30,7 @@ def test_a_child_lowers_its_priority_by_the_setting(setting, step):
 
 
 def test_builds_share_a_kept_triton_kernel_cache_unless_the_user_chose_one(monkeypatch, tmp_path):
-    from compiler.backends import package_builds
+    from compiler.builds import package_builds
 
     monkeypatch.setenv("KEEPFAST_ISA_CACHE", str(tmp_path / "isa"))
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
@@ -56,7 +56,7 @@ def test_a_build_the_caller_waits_for_runs_at_its_priority(how, expected, monkey
 
     import torch
 
-    from compiler.backends import package_builds
+    from compiler.builds import package_builds
 
     monkeypatch.delenv("KEEPFAST_BUILD_NICE", raising=False)
     monkeypatch.setattr(package_builds, "_pump", lambda: None)  # queued builds stay queued: only the job is read

@@ -1,7 +1,7 @@
 """Cold start on a fresh machine: saved graphs load with no compiler and leave nothing in TMPDIR.
 
 The graphs are the session's saved tiny pipeline (one compile, shared). The
-"fresh machine" is compiler.testing.bench.fresh_machine: empty TMPDIR, empty Inductor
+"fresh machine" is benchmarks.fresh_machine: empty TMPDIR, empty Inductor
 cache, and a C++ compiler that records each call and fails.
 """
 
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from compiler import GraphRefused, GraphRegistry, GraphStore, ShapeRange, load_pipe
-from compiler import machine_fit
+from compiler.machine import machine_fit
 from compiler.backends import aot
-from compiler.testing.bench.fresh_machine import FreshMachine
-from compiler.manifest import Manifest, ManifestError
+from benchmarks.fresh_machine import FreshMachine
+from compiler.store.manifest import Manifest, ManifestError
 
 ROOT = Path(__file__).resolve().parent.parent
 PACK_NAMES = ("keepfast-", "aotinductor_")  # the pack's folder, and torch's own unpacking folders
@@ -145,7 +145,7 @@ def test_a_graph_this_machine_cannot_run_is_refused_before_it_is_loaded(saved_pi
 
 def test_format_1_manifests_still_load_and_a_newer_format_is_refused_by_name(saved_pipe, tmp_path):
     from compiler.diffusers_api import compiled_parts
-    from compiler.testing.tiny_models import tiny_sd_pipeline
+    from compiler.demo.tiny_models import tiny_sd_pipeline
     from tests.support.inputs import unet_sweep_worst_difference
 
     folder = _copy_store(saved_pipe, tmp_path)
@@ -169,7 +169,7 @@ def test_sweep_removes_what_dead_processes_left_and_keeps_what_live_ones_hold(tm
     import fcntl
     import tempfile
 
-    from compiler import extraction
+    from compiler.store import extraction
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     root = extraction.root()

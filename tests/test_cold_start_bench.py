@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from compiler.testing.bench import models as M
-from compiler.testing.bench import report
-from compiler.testing.bench.fresh_machine import COMPILER_NAMES, FreshMachine
+from benchmarks import models as M
+from benchmarks import report
+from benchmarks.fresh_machine import COMPILER_NAMES, FreshMachine
 
 
 def _job(variant, first, process=None, **extra):

@@ -1,4 +1,4 @@
-"""The device check's compiles take turns (compiler/testing/bench/compile_turns.py): on the H200 our SD1.5 cold
+"""The device check's compiles take turns (benchmarks/compile_turns.py): on the H200 our SD1.5 cold
 compile ran beside the other lane's torch.compile of Flux while torch.compile's SD1.5 ran alone, so the two
 figures of the cold-compile ratio came from different loads. A compile now holds a lock the run's jobs share, its
 wait is not charged to its time limit or its time to a first result, and it has every core."""
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from compiler import file_lock
-from compiler.testing.bench import check, compile_turns
-from compiler.testing.bench.joblog import JobLog
+from compiler.store import file_lock
+from benchmarks import check, compile_turns
+from benchmarks.joblog import JobLog
 
 pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
 
@@ -76,7 +76,7 @@ def test_the_job_log_does_not_charge_a_job_for_its_waits_but_the_budget_still_bo
 def test_compiling_jobs_get_the_lock_and_every_core_the_others_their_lane_s_share(tmp_path, monkeypatch):
     import torch
 
-    from compiler.testing.bench import joblog
+    from benchmarks import joblog
 
     given = {}
 
@@ -106,7 +106,7 @@ def test_compiling_jobs_get_the_lock_and_every_core_the_others_their_lane_s_shar
 def test_a_compiling_job_waits_for_its_turn_and_its_times_leave_the_wait_out(tmp_path):
     """The worker itself (the quick VAE, torch.compile on this CPU): while another job holds the run's compile lock
     its first call waits, and the runner's time to a first result leaves that wait out."""
-    from compiler.testing.bench.runner import job_env, run_job
+    from benchmarks.runner import job_env, run_job
 
     lock = tmp_path / "compile.lock"
     job = {"model": "vae", "variant": "torch_compile", "profile": "quick", "device": "cpu", "dtype": "fp32",
@@ -149,7 +149,7 @@ def test_a_compiling_job_waits_for_its_turn_and_its_times_leave_the_wait_out(tmp
 
 
 def test_the_time_to_a_first_result_leaves_the_wait_for_the_turn_out(tmp_path, monkeypatch):
-    from compiler.testing.bench import joblog, runner
+    from benchmarks import joblog, runner
 
     def fake_run(self, source, command, cwd, env, timeout, waited=None, hard_timeout=None):
         Path(command[4]).write_text(json.dumps({"model": "sd15", "variant": "torch_compile",
@@ -164,7 +164,7 @@ def test_the_time_to_a_first_result_leaves_the_wait_for_the_turn_out(tmp_path, m
 
 
 def test_a_job_stopped_while_it_waited_for_its_turn_says_so(tmp_path, monkeypatch):
-    from compiler.testing.bench import joblog, runner
+    from benchmarks import joblog, runner
 
     def fake_run(self, source, command, cwd, env, timeout, waited=None, hard_timeout=None):
         waits = compile_turns.waits_path(command[4])

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from compiler import CompileOptions
-from compiler.backends import package_builds
+from compiler.builds import package_builds
 from compiler.diffusers_api import compile_module
-from compiler.registry import GraphRegistry
-from compiler.testing.tiny_models import tiny_unet
+from compiler.store.registry import GraphRegistry
+from compiler.demo.tiny_models import tiny_unet
 from tests.support.background import RANGE, build_folders, gone, served_difference
 
 pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles

@@ -24,7 +24,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from compiler import GraphRegistry
-from compiler.compiled_forward import CompiledForward
+from compiler.serving.compiled_forward import CompiledForward
 from tests.support import matrix as M
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -173,7 +173,7 @@ def test_replay_is_asked_for_by_the_environment_only(monkeypatch):
 def test_a_loaded_package_replays_only_where_its_calls_ask_for_it(fake_cuda, fake_loader, monkeypatch):
     """AotGraph.run: replay=True on a GPU call goes through the runner's replays (bound weights as the key),
     replay=False runs it every time."""
-    from compiler.signature import FlatCall
+    from compiler.keys.signature import FlatCall
     from tests.test_gpu_paths import FakeLoader, _gpu_graph, _on_cuda1, OnCuda1
 
     def boxed_run(self, inputs):  # what the package computes, recorded when captured

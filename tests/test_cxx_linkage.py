@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from compiler.backends import cxx_linkage
+from compiler.build_process import cxx_linkage
 
 pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
 
@@ -96,12 +96,12 @@ def test_a_package_built_where_g_plus_plus_links_the_static_runtime_loads_and_ma
     """The whole path on such a machine: the build process wraps the compiler, the package loads (without the
     wrapper torch's loader fails in the model container's constructor: std::bad_cast here, SIGSEGV on the GPU
     image) and serves the call."""
-    from compiler.compiled_forward import CompileOptions
+    from compiler.serving.compiled_forward import CompileOptions
     from compiler.diffusers_api import compile_module
-    from compiler.registry import GraphRegistry
-    from compiler.shapes import ShapeRange
+    from compiler.store.registry import GraphRegistry
+    from compiler.keys.shapes import ShapeRange
 
-    from compiler.backends import package_builds
+    from compiler.builds import package_builds
 
     monkeypatch.setenv("CXX", archive_only_gxx)  # the build process's Inductor reads it at its start, so no spare
     monkeypatch.setenv(package_builds.SPARE_ENV, "0")  # build process started before this test may take the build

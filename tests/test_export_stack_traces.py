@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.fx.config as fx_config
 
-from compiler.backends.stack_traces import without_stack_traces
+from compiler.build_process.stack_traces import without_stack_traces
 
 pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
 
@@ -38,7 +38,8 @@ def test_an_error_inside_puts_the_setting_back():
 def test_a_build_process_traces_the_program_without_stacks(tmp_path, monkeypatch):
     """AOTInductor's own trace in the build process (27.4-29.5 s against 21.4 s without stacks for the real-depth
     SD1.5 UNet): the operator's fake implementation, run by that trace in the build process, sees the setting on."""
-    from compiler.backends import aot, package_builds
+    from compiler.backends import aot
+    from compiler.builds import package_builds
     from tests.support import stack_probe_op
 
     probe = tmp_path / "probe.txt"

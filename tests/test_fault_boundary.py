@@ -13,8 +13,8 @@ import torch
 
 from compiler import CompiledForward, CompileOptions, GraphRegistry, GraphStore, ShapeRange
 from compiler.backends import aot
-from compiler.guards import GuardSet, GuardSyntaxError
-from compiler.testing.tiny_models import tiny_unet
+from compiler.keys.guards import GuardSet, GuardSyntaxError
+from compiler.demo.tiny_models import tiny_unet
 from tests.support.inputs import unet_inputs
 
 pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
@@ -50,7 +50,7 @@ def _failing_build_process(monkeypatch, error: BaseException) -> None:
     import tempfile
     from pathlib import Path
 
-    from compiler.backends import package_builds
+    from compiler.builds import package_builds
 
     script = Path(tempfile.mkdtemp(prefix="kf-fault-")) / "child.py"
     script.write_text("import os, sys\n"
@@ -62,7 +62,7 @@ def _failing_build_process(monkeypatch, error: BaseException) -> None:
 
 def _in_this_process(monkeypatch, error: BaseException) -> None:
     """A program that cannot travel to a build process is built here: AOTInductor raising here."""
-    from compiler.backends import package_builds
+    from compiler.builds import package_builds
     from compiler.backends.base import BuildInProcess
 
     monkeypatch.setattr(package_builds, "weightless", _raiser(BuildInProcess("a test keeps it here")))

@@ -1,4 +1,4 @@
-"""Background builds trace in a forked copy of the process (compiler/backends/forked_trace.py): the call that
+"""Background builds trace in a forked copy of the process (compiler/tracing/forked_trace.py): the call that
 starts a build does not wait for torch.export.
 
 A tiny diffusers SD UNet with background builds. torch.export is counted in this process: a trace in the fork
@@ -17,8 +17,10 @@ import time
 import pytest
 import torch
 
-from compiler import build_status
-from compiler.backends import aot, forked_trace, package_builds
+from compiler.builds import status as build_status
+from compiler.backends import aot
+from compiler.tracing import forked_trace
+from compiler.builds import package_builds
 from compiler.backends.base import CompileFailed
 from tests.support.background import (HERE, background_unet, build_folders, gone, served_difference,
                                       stop_parent_mid_build)

@@ -20,8 +20,10 @@ import zipfile
 import pytest
 import torch
 
-from compiler import machine_fit
-from compiler.backends import aot, package_build_child, package_builds
+from compiler.machine import machine_fit
+from compiler.backends import aot
+from compiler.build_process import child as build_child
+from compiler.builds import package_builds
 
 pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
 
@@ -35,8 +37,8 @@ def test_a_build_without_a_host_isa_probes_none_and_its_package_still_computes(t
     module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
     x = torch.randn(3, 8)
     program = torch.export.export(module, (x,))
-    assert package_build_child.skips_isa_probe({**aot.PACKAGE_CONFIG, **package_builds.GPU_HOST_ISA})
-    assert not package_build_child.skips_isa_probe(dict(aot.PACKAGE_CONFIG))
+    assert build_child.skips_isa_probe({**aot.PACKAGE_CONFIG, **package_builds.GPU_HOST_ISA})
+    assert not build_child.skips_isa_probe(dict(aot.PACKAGE_CONFIG))
     build = package_builds.start(program, {**aot.PACKAGE_CONFIG, **package_builds.GPU_HOST_ISA}, now=True)
     data = build.result(timeout=600)
     assert build.usage["phase_s"]["kernels"] >= 1, build.usage  # the kernels Inductor generated, for the bench

@@ -1,9 +1,9 @@
-"""Live GPU allocations grouped by the line that made them (compiler/testing/bench/gpu_memory.py): the fourth H200
+"""Live GPU allocations grouped by the line that made them (benchmarks/gpu_memory.py): the fourth H200
 run's Flux under partial loading peaked at 11396 MB for a 1311 MB model, and a peak alone says not whose."""
 
 from __future__ import annotations
 
-from compiler.testing.bench import gpu_memory
+from benchmarks import gpu_memory
 
 
 def _block(mb, state, *files):

@@ -20,17 +20,18 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
-from compiler import environment, machine_fit
-from compiler.backends import aot, package_builds
+from compiler.machine import environment, machine_fit
+from compiler.backends import aot
+from compiler.builds import package_builds
 from compiler.backends.base import PackageInfo
 from compiler.backends.base import WeightsElsewhere
 from compiler.blocks.binding import InstanceWeights, SharedRunner
-from compiler.flat_module import dump_out_spec, module_tensors
-from compiler.keys import FamilyKey, GraphKey
-from compiler.manifest import Manifest
-from compiler.shapes import ShapeRange
-from compiler.signature import FlatCall
-from compiler.store import GraphRefused, GraphStore
+from compiler.tracing.flat_module import dump_out_spec, module_tensors
+from compiler.keys.graph_keys import FamilyKey, GraphKey
+from compiler.store.manifest import Manifest
+from compiler.keys.shapes import ShapeRange
+from compiler.keys.signature import FlatCall
+from compiler.store.graph_store import GraphRefused, GraphStore
 
 CAPABILITIES = {0: (8, 0), 1: (9, 0)}  # cuda:0 an A100-like GPU, cuda:1 an H100-like one
 
@@ -83,7 +84,7 @@ def _empty_package() -> bytes:
 
 def _stored(store: GraphStore, family: FamilyKey, needs: dict):
     data = _empty_package()
-    from compiler.atomic import sha256_bytes
+    from compiler.store.atomic import sha256_bytes
 
     key = GraphKey(family, ShapeRange(batch=(1, 2), spatial=(8, 16)))
     manifest = Manifest(key=key, package_file=f"{key.id}.pt2", package_sha256=sha256_bytes(data),
@@ -350,9 +351,9 @@ _REAL_WEIGHTLESS = package_builds.weightless
 
 
 def test_a_gpu_program_convolves_channels_last_only_where_asked(program, tmp_path, monkeypatch, inductor_march_unset):
-    """KEEPFAST_CONV_LAYOUT=channels_last (compiler/backends/conv_layout.py): Inductor's force_layout_optimization
+    """KEEPFAST_CONV_LAYOUT=channels_last (compiler/build_process/conv_layout.py): Inductor's force_layout_optimization
     for a GPU program with 2-D convolutions, nothing for one without or where not asked, nothing for a CPU program."""
-    from compiler.backends import conv_layout
+    from compiler.build_process import conv_layout
     from torch._inductor import config
 
     assert hasattr(config, "force_layout_optimization")  # the setting this torch's Inductor reads
@@ -420,20 +421,20 @@ def test_a_gpu_build_starts_inductor_s_kernel_compilers_before_it_reads_its_prog
     import torch._inductor.async_compile as async_compile
     from torch._inductor import config
 
-    from compiler.backends import package_build_child
+    from compiler.build_process import child as build_child
 
     started = []
     monkeypatch.setattr(async_compile, "maybe_warm_pool", lambda: started.append(config.compile_threads))
     with config.patch({"compile_threads": config.compile_threads}):
-        assert package_build_child.warm_kernel_compilers(3) is True
+        assert build_child.warm_kernel_compilers(3) is True
         assert started == [3]
-        assert package_build_child.warm_kernel_compilers(None) is True
+        assert build_child.warm_kernel_compilers(None) is True
         assert started == [3, 3]  # None: the number already chosen stays
     def cannot_start():
         raise OSError("no processes left")
 
     monkeypatch.setattr(async_compile, "maybe_warm_pool", cannot_start)
-    assert package_build_child.warm_kernel_compilers(2) is False  # the build goes on: kernels compile as before
+    assert build_child.warm_kernel_compilers(2) is False  # the build goes on: kernels compile as before
 
 
 def test_a_cuda_program_built_in_process_picks_no_cpu_level(monkeypatch, inductor_march_unset):
@@ -477,12 +478,12 @@ def _must_not_run(what):
 
 
 def test_a_gpu_program_with_dynamic_sizes_makes_no_persistent_reduction_over_a_dynamic_size(tmp_path, monkeypatch):
-    """compiler/backends/gpu_reductions.py: a GPU program whose sizes are dynamic is built with Inductor's
+    """compiler/build_process/gpu_reductions.py: a GPU program whose sizes are dynamic is built with Inductor's
     persistent-reduction decision made per kernel (none over a dynamic size: the H200's SD1.5 spent 332 of 422
     kernel build seconds on those, one kernel 80 s), in its build process and where it is built in this process;
     the whole program's `triton.persistent_reductions` off only where this torch has no such hook. Nothing for a
     static program, a CPU one, or where KEEPFAST_PERSISTENT_REDUCTIONS=1 asks for Inductor's default."""
-    from compiler.backends import gpu_reductions
+    from compiler.build_process import gpu_reductions
     from torch._inductor import config
 
     assert hasattr(config.triton, "persistent_reductions")  # the setting this torch's Inductor reads

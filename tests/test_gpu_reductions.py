@@ -1,4 +1,4 @@
-"""compiler/backends/gpu_reductions.py: no persistent reduction over a dynamic size, Inductor's own decision for any
+"""compiler/build_process/gpu_reductions.py: no persistent reduction over a dynamic size, Inductor's own decision for any
 other, in the build's thread only.
 
 Why: on the H200 the SD1.5 UNet's persistent reductions over dynamic sizes took 332 of its 422 kernel build seconds
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import sympy
 
-from compiler.backends import gpu_reductions
+from compiler.build_process import gpu_reductions
 from tests.support.triton_python import triton_python
 
 ROOT = Path(__file__).resolve().parent.parent

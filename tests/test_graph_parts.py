@@ -1,4 +1,4 @@
-"""Whole-model graphs built in parts, side by side (compiler/backends/program_split.py, aot_parts.py).
+"""Whole-model graphs built in parts, side by side (compiler/tracing/program_split.py, aot_parts.py).
 
 A tiny SD UNet is cut into two parts (KEEPFAST_GRAPH_PARTS=2; real models are cut by their size and the
 cores): its graph compiles once, serves every size, batch and prompt length of its range equal to eager, is
@@ -22,12 +22,13 @@ import pytest
 import torch
 
 from compiler import CompileOptions
-from compiler.backends import aot, program_split
-from compiler.backends.program_split import CannotSplit, Wiring
+from compiler.backends import aot
+from compiler.tracing import program_split
+from compiler.tracing.program_split import CannotSplit, Wiring
 from compiler.diffusers_api import compile_module
-from compiler.manifest import Manifest, ManifestError
-from compiler.registry import GraphRegistry
-from compiler.testing.tiny_models import tiny_unet
+from compiler.store.manifest import Manifest, ManifestError
+from compiler.store.registry import GraphRegistry
+from compiler.demo.tiny_models import tiny_unet
 from tests.support.background import RANGE, build_folders, served_difference
 
 ROOT = Path(__file__).resolve().parent.parent

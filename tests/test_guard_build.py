@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from compiler import CompiledForward, CompileOptions, GraphRegistry, ShapeRange
-from compiler.backends import export_guards
+from compiler.tracing import export_guards
 
 
 class MemoryChunked(torch.nn.Module):

@@ -19,9 +19,9 @@ import torch.utils._pytree as pytree
 
 from compiler import ShapeRange
 from compiler.backends.aot import _guards_from, export_program
-from compiler.guards import GuardSet
-from compiler.signature import FlatCall
-from compiler.testing.tiny_models import prompt_embeds, tiny_unet
+from compiler.keys.guards import GuardSet
+from compiler.keys.signature import FlatCall
+from compiler.demo.tiny_models import prompt_embeds, tiny_unet
 
 RANGE = ShapeRange(batch=(1, 8), spatial=(8, 64), sequence=(1, 160))
 SAMPLES = 300
@@ -118,7 +118,7 @@ def test_a_call_of_exactly_one_multiple_exports_a_graph_for_that_size():
     level 1x1): traced as `multiple * k` at k = 1, torch's symbolic shapes specialise the 1 and torch.export
     failed with "Constraints violated (8*spatial2_over_8)" -- the SD1.5 UNet's range corners failed one after
     another on the first call. Traced free, the graph is for that size (any batch), its guards equal torch's."""
-    from compiler import alignment
+    from compiler.keys import alignment
 
     unet = tiny_unet(seed=0)
     multiple = alignment.axis_multiples(unet)[0]

@@ -16,8 +16,8 @@ import random
 
 import pytest
 
-from compiler.backends.export_guards import guard_texts
-from compiler.guards import GuardSet
+from compiler.tracing.export_guards import guard_texts
+from compiler.keys.guards import GuardSet
 from tests.support.guards import records, random_values, shapes_for, sympy_serves
 
 RECORDS = records()
@@ -65,7 +65,7 @@ def test_printing_ranges_derived_sizes_and_unbounded_ranges():
     from torch.utils._sympy.numbers import int_oo
     from torch.utils._sympy.value_ranges import ValueRanges
 
-    from compiler.backends.export_guards import ExportedShapes, _bounds
+    from compiler.tracing.export_guards import ExportedShapes, _bounds
 
     b, h = sympy.Symbol("s0", integer=True, positive=True), sympy.Symbol("s1", integer=True, positive=True)
     shapes = ExportedShapes(dims=[[b, 4, h], [2 * b, FloorDiv(h, 2)]],

@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from compiler.guards import GuardSet, GuardSyntaxError, compile_guard, readable
+from compiler.keys.guards import GuardSet, GuardSyntaxError, compile_guard, readable
 
 A, B, C = "L['flat'][0].size()[2]", "L['flat'][0].size()[3]", "L['flat'][1].size()[0]"
 

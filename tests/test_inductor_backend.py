@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from compiler import CompileOptions, GraphRegistry, compile_module
-from compiler.testing.tiny_models import tiny_unet
+from compiler.demo.tiny_models import tiny_unet
 from tests.support.inputs import UNET_SWEEP, unet_inputs, unet_sweep_worst_difference
 
 TOLERANCE = 1e-4

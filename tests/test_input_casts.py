@@ -21,8 +21,8 @@ import torch
 
 from compiler import CompileOptions, ShapeRange
 from compiler.diffusers_api import compile_module
-from compiler.input_casts import cast_plan
-from compiler.registry import GraphRegistry
+from compiler.serving.input_casts import cast_plan
+from compiler.store.registry import GraphRegistry
 
 ROOT = Path(__file__).resolve().parent.parent
 BF16_TOLERANCE = 4e-2  # the first-use check's relative L2 for bfloat16

@@ -1,5 +1,5 @@
 """AOTInductor's runtime interface compiled once and joined into every package's wrapper
-(compiler/backends/interface_object.py): the cut, the compiler wrapper's paths (made, reused, compiled whole),
+(compiler/build_process/interface_object.py): the cut, the compiler wrapper's paths (made, reused, compiled whole),
 and real packages built through the build process that compute as eager."""
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from compiler.backends import aot, interface_object, package_builds
+from compiler.backends import aot
+from compiler.build_process import interface_object
+from compiler.builds import package_builds
 
 pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
 

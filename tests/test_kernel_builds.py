@@ -1,4 +1,4 @@
-"""compiler/testing/bench/kernel_builds.py: Triton build seconds per configuration against concurrency.
+"""tools/kernel_builds/kernel_builds.py: Triton build seconds per configuration against concurrency.
 
 The machine facts are read from fake /proc and /sys trees, the level maths from given numbers, the budget from a
 fake clock and a fake worker pool; one real run captures a 3-op module's Inductor kernels (kernel_sources.py) and
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler.testing.bench import kernel_builds as kb
+from tools.kernel_builds import kernel_builds as kb
 from tests.support.triton_python import triton_python
 
 pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
@@ -186,7 +186,7 @@ def tiny_sources(tmp_path_factory):
                     "the kernels can be neither captured nor built")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     sources = tmp_path_factory.mktemp("kernels") / "tiny_kernels.json"
-    subprocess.run([python, "-m", "compiler.testing.bench.kernel_sources", "--model", "tiny", "--out", str(sources)],
+    subprocess.run([python, "-m", "tools.kernel_builds.kernel_sources", "--model", "tiny", "--out", str(sources)],
                    check=True, cwd=str(ROOT), env=env, timeout=300)
     return python, env, sources
 
@@ -198,7 +198,7 @@ def test_a_real_run_builds_a_3_op_modules_kernels_for_sm90_at_concurrency_1_and_
     assert captured["sets"]["static"] and captured["sets"]["dynamic"]
     assert all("type='cuda'" in k["source"] and "set_driver_to_gpu()" in k["source"]
                for k in captured["sets"]["dynamic"])
-    run = subprocess.run([python, "-m", "compiler.testing.bench.kernel_builds", "--sources", str(sources),
+    run = subprocess.run([python, "-m", "tools.kernel_builds.kernel_builds", "--sources", str(sources),
                           "--out", str(out), "--concurrency", "1,2", "--configs", "3", "--target", "cuda:90"],
                          cwd=str(ROOT), env=env, timeout=300, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -226,7 +226,7 @@ def test_a_configuration_that_does_not_build_is_counted_and_the_run_goes_on(tiny
     lines.insert(body, "    broken = no_such_name_anywhere + 1")
     doc["sets"]["dynamic"].insert(0, {"name": good["name"], "source": "\n".join(lines)})
     sources.write_text(json.dumps(doc))
-    run = subprocess.run([python, "-m", "compiler.testing.bench.kernel_builds", "--sources", str(sources),
+    run = subprocess.run([python, "-m", "tools.kernel_builds.kernel_builds", "--sources", str(sources),
                           "--out", str(out), "--concurrency", "1", "--configs", "2", "--no-static"],
                          cwd=str(ROOT), env=env, timeout=300, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -19,11 +19,12 @@ import pytest
 import torch
 
 from compiler import GraphRegistry, ShapeRange, load_pipe
-from compiler.backends import aot, loader_check, package_builds, package_loader
-from compiler.compiled_forward import CompileOptions
+from compiler.backends import aot, loader_check, package_loader
+from compiler.builds import package_builds
+from compiler.serving.compiled_forward import CompileOptions
 from compiler.diffusers_api import compile_module
-from compiler.store import GraphRefused, GraphStore
-from compiler.testing.tiny_models import tiny_sd_pipeline
+from compiler.store.graph_store import GraphRefused, GraphStore
+from compiler.demo.tiny_models import tiny_sd_pipeline
 from tests.support import tiny_transformers
 from tests.support.background import HERE
 from tests.support.inputs import unet_inputs

@@ -1,4 +1,4 @@
-"""A model's tensors collected once and re-checked per call (compiler/module_snapshot.py): on this 2-core CPU the
+"""A model's tensors collected once and re-checked per call (compiler/tracing/module_snapshot.py): on this 2-core CPU the
 real-depth SD1.5 UNet's calls spent 4.5-4.9 ms outside the runner walking the module twice, 2.2-2.3 ms with the
 snapshot. Whatever changes between calls -- a weight replaced (ComfyUI's LoRA patching), moved (`.to()`,
 `.data =`), a module added -- is seen on the next call, and the graph serves the new weights."""
@@ -13,8 +13,8 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from compiler import CompileOptions, GraphRegistry, ShapeRange, compile_module
-from compiler import module_snapshot
-from compiler.flat_module import module_tensors
+from compiler.tracing import module_snapshot
+from compiler.tracing.flat_module import module_tensors
 
 
 def _model():

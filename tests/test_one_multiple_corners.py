@@ -10,8 +10,9 @@ import logging
 
 import torch
 
-from compiler import CompileOptions, GraphRegistry, ShapeRange, alignment, compile_module
-from compiler.testing.tiny_models import tiny_unet
+from compiler import CompileOptions, GraphRegistry, ShapeRange, compile_module
+from compiler.keys import alignment
+from compiler.demo.tiny_models import tiny_unet
 from tests.support.inputs import unet_inputs
 
 

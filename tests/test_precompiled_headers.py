@@ -1,4 +1,4 @@
-"""AOTInductor's precompiled headers made on a thread from a build's start (compiler/backends/precompiled_headers.py):
+"""AOTInductor's precompiled headers made on a thread from a build's start (compiler/build_process/precompiled_headers.py):
 the build then finds them made, under its own settings, and makes no other; a failure leaves the build to make them.
 On a fresh machine each header took about 6 s of the first build's C++ phase (this CPU, torch 2.11 and 2.13)."""
 
@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from compiler.backends import aot, package_builds, precompiled_headers
+from compiler.backends import aot
+from compiler.builds import package_builds
+from compiler.build_process import precompiled_headers
 
 pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
 

@@ -1,5 +1,5 @@
 """Example sizes torch's loader leaves out of a saved program, given back in the build process
-(compiler/backends/program_hints.py). A size exported as a multiple of a symbol (`8*s6`: the pack's spatial
+(compiler/build_process/program_hints.py). A size exported as a multiple of a symbol (`8*s6`: the pack's spatial
 sizes) came back with a hint for `8*s6` and none for `s6`, so AOTInductor's trace in the build process could not
 decide a check relating `s6` to another input's size: ComfyUI's Wan VAE encode chunks failed to build that way
 (GuardOnDataDependentSymNode "Eq(4*s55, s33)") and ran eager."""
@@ -12,7 +12,9 @@ import pytest
 import torch
 from torch.export import Dim
 
-from compiler.backends import aot, package_builds, program_hints
+from compiler.backends import aot
+from compiler.builds import package_builds
+from compiler.build_process import program_hints
 
 pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
 

@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent("""
     from compiler import CompileOptions, ShapeRange, compile_module, default_registry
     from compiler.cli import main
     from compiler.testing import demo
-    from compiler.testing.tiny_models import tiny_sd_pipeline
+    from compiler.demo.tiny_models import tiny_sd_pipeline
 
 
     def body(out, steps, load_check, background=False):

@@ -2,7 +2,7 @@
 
 Every earlier test used two-level models; the real SD1.5 UNet's first compile then ran over torch.compile's
 (nested floor expressions of free latent sizes through four levels of down- and up-sampling, one build process
-doing it all: docs/benchmarks.md). These keep every depth setting of the real configs (compiler/testing/
+doing it all: docs/benchmarks.md). These keep every depth setting of the real configs (compiler/demo/
 tiny_models.py) and narrow the channels. Each compiles once, as a user's first image does (large programs in
 parts, side by side), then serves sizes, batches and (UNets) prompt lengths across its declared range with no
 further compile, each output compared with eager's.
@@ -20,8 +20,8 @@ import torch
 
 from compiler import CompileOptions, ShapeRange
 from compiler.diffusers_api import compile_module
-from compiler.registry import GraphRegistry
-from compiler.testing.tiny_models import real_depth_unet, real_depth_vae_decoder
+from compiler.store.registry import GraphRegistry
+from compiler.demo.tiny_models import real_depth_unet, real_depth_vae_decoder
 
 pytestmark = pytest.mark.skipif(os.environ.get("KEEPFAST_TEST_REAL_DEPTH", "1") == "0",
                                 reason="KEEPFAST_TEST_REAL_DEPTH=0")

@@ -2,7 +2,7 @@
 
 The builder pushes from one process; a worker pulls in another with an empty
 TMPDIR, an empty Inductor cache, no C++ compiler and a trust list of its own
-(compiler.testing.bench.fresh_machine, the cold-start bar's conditions) and
+(benchmarks.fresh_machine, the cold-start bar's conditions) and
 serves with 0 compiles. The server counts the bytes it sends per object, so
 "not downloaded" is seen from the server's side.
 """
@@ -26,7 +26,7 @@ for _module, _why in (("moto", "the S3 tests need moto[server] (requirements-dev
 from compiler import GraphStore, TrustList  # noqa: E402
 from compiler.remote import PullStatus, PushStatus, RemoteLibrary, generate_key, pull, push  # noqa: E402
 from compiler.remote.signing import PublicKey  # noqa: E402
-from compiler.testing.bench.fresh_machine import FreshMachine  # noqa: E402
+from benchmarks.fresh_machine import FreshMachine  # noqa: E402
 from tests.support.remote_graphs import (  # noqa: E402
     ROOT, builder_folder, cli, cli_start, layout, other_build, pipeline_folder, race_creates,
 )

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import torch
 
 from compiler import CompileOptions, GraphRegistry, compile_module
-from compiler.registry import FALLBACK, NOTE
-from compiler.replay_notes import ReplayNotes
+from compiler.store.registry import FALLBACK, NOTE
+from compiler.serving.replay_notes import ReplayNotes
 
 
 def _graph(state=None, graph_id="g1"):

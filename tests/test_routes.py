@@ -27,13 +27,13 @@ def _pack_module(name: str):
 
 
 routes = _pack_module("nodes.routes")
-adapter = _pack_module("compiler.store")
-keys = _pack_module("compiler.keys")
-manifest_module = _pack_module("compiler.manifest")
-shapes = _pack_module("compiler.shapes")
+adapter = _pack_module("compiler.store.graph_store")
+keys = _pack_module("compiler.keys.graph_keys")
+manifest_module = _pack_module("compiler.store.manifest")
+shapes = _pack_module("compiler.keys.shapes")
 base = _pack_module("compiler.backends.base")
-trust_module = _pack_module("compiler.trust")
-atomic = _pack_module("compiler.atomic")
+trust_module = _pack_module("compiler.store.trust")
+atomic = _pack_module("compiler.store.atomic")
 
 
 def _write_graph(root: Path, trust, architecture: str, dtype: str = "float16", origin: str = "built here",
@@ -283,7 +283,7 @@ def test_the_page_checks_and_pulls_a_remote_library(library, tmp_path, trust):
     folder; a library that cannot be read answers 502 with the reason, and no address at all 400."""
     signing = _pack_module("compiler.remote.signing")
     push = _pack_module("compiler.remote.push")
-    here = _pack_module("compiler.environment").torch_version()
+    here = _pack_module("compiler.machine.environment").torch_version()
     builder = tmp_path / "builder-graphs"
     fits = _write_graph(builder, trust, "UNetModel", torch_version=here, payload=b"fits here")
     other = _write_graph(builder, trust, "UNetModel", payload=b"another torch", spatial=(8, 64))

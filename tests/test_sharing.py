@@ -6,7 +6,7 @@ import torch
 
 from compiler import CompileOptions, compile_module
 from compiler.diffusers_api import compiled_parts
-from compiler.testing.tiny_models import tiny_unet
+from compiler.demo.tiny_models import tiny_unet
 from tests.support.inputs import unet_inputs
 
 TOLERANCE = 1e-4

@@ -18,7 +18,7 @@ import torch
 
 from compiler import ShapeRange, compile_pipe
 from compiler.diffusers_api import compiled_parts
-from compiler.registry import GraphRegistry
+from compiler.store.registry import GraphRegistry
 
 ORDER = [(1, 16), (2, 8), (1, 12)]  # (batch, latent side): a one-image decode first, then two, then one
 TWO_FIRST = [(2, 16), (1, 8), (2, 12), (1, 16)]
@@ -93,9 +93,9 @@ def test_the_inductor_backend_is_right_without_the_check():
 
 def test_a_call_is_cut_to_the_smallest_image_a_graph_serves_keeping_its_values():
     """probes.cropped_call / smallest_served: what aot.size_one_disagreement runs its one model and graph call on."""
-    from compiler.probes import cropped_call, smallest_served
-    from compiler.shapes import BATCH, SPATIAL
-    from compiler.signature import FlatCall
+    from compiler.keys.probes import cropped_call, smallest_served
+    from compiler.keys.shapes import BATCH, SPATIAL
+    from compiler.keys.signature import FlatCall
 
     image = {0: BATCH, 2: SPATIAL, 3: SPATIAL}
     roles = {"args[0]": image, "hint": image}

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from compiler.backends import package_builds
+from compiler.builds import package_builds
 from compiler.backends.base import UNLABELLED
 
 pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles

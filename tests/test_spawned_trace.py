@@ -1,4 +1,4 @@
-"""Background builds trace in a spawned process where a fork cannot (compiler/backends/spawned_trace.py).
+"""Background builds trace in a spawned process where a fork cannot (compiler/tracing/spawned_trace.py).
 
 A fork cannot trace where the process uses CUDA; a spawned process gets the trace pickled without its weights and
 rebuilds them as fake tensors. This machine has no GPU: KEEPFAST_TRACE_PROCESS=spawn takes that path on the CPU.
@@ -25,10 +25,12 @@ from torch.export import Dim
 from diffusers import UNet2DConditionModel
 
 from compiler import CompileOptions
-from compiler.backends import aot, forked_trace, package_builds, spawned_trace
+from compiler.backends import aot
+from compiler.tracing import forked_trace, spawned_trace
+from compiler.builds import package_builds
 from compiler.diffusers_api import compile_module
-from compiler.registry import GraphRegistry
-from compiler.testing.tiny_models import tiny_unet
+from compiler.store.registry import GraphRegistry
+from compiler.demo.tiny_models import tiny_unet
 from tests.support.background import (HERE, RANGE, background_unet, build_folders, gone, served_difference,
                                       stop_parent_mid_build, unet_call)
 

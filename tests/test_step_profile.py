@@ -1,11 +1,11 @@
-"""A sample under torch's profiler, summed per step (compiler/testing/bench/step_profile.py): what the ComfyUI GPU
+"""A sample under torch's profiler, summed per step (benchmarks/step_profile.py): what the ComfyUI GPU
 bench reads beside each step time, kernel time against wall time."""
 
 from __future__ import annotations
 
 import torch
 
-from compiler.testing.bench import step_profile
+from benchmarks import step_profile
 
 
 def test_kernels_are_summed_per_step_and_ranked():

@@ -11,9 +11,9 @@ import torch
 
 from compiler import CompileOptions, CompiledForward, GraphRegistry, GraphStore, StoreError
 from compiler.cli import main as cli_main
-from compiler.keys import GraphKey
-from compiler.manifest import Manifest
-from compiler.testing.tiny_models import tiny_unet
+from compiler.keys.graph_keys import GraphKey
+from compiler.store.manifest import Manifest
+from compiler.demo.tiny_models import tiny_unet
 from tests.support.filesystems import small_filesystem
 from tests.support.inputs import unet_inputs
 
@@ -132,7 +132,7 @@ def test_a_whole_model_graph_written_by_keepfast_0_1_is_not_used_and_says_why(gr
     assert "written by KeepFast 0.1.0" in _refusals(registry) and "serves larger sizes wrongly" in _refusals(registry)
     assert torch.equal(out, ref)  # eager
     stored = GraphStore(graphs_copy)
-    from compiler.store import GraphRefused
+    from compiler.store.graph_store import GraphRefused
 
     unet_graph = next(g for g in stored.graphs() if g.manifest.key.family.architecture == "UNet2DConditionModel")
     with pytest.raises(GraphRefused, match="written by KeepFast 0.1.0"):

@@ -1,4 +1,4 @@
-"""Tensor-subclass weights are lifted as their parts in the exported program (compiler/subclass_weights.py).
+"""Tensor-subclass weights are lifted as their parts in the exported program (compiler/tracing/subclass_weights.py).
 
 ComfyUI's fp8-scaled weights are such a subclass; under torch 2.14 export kept them whole and the package read
 each as a dense constant (tests/comfyui/test_comfyui_quantised.py -k fp8_scaled, with ComfyUI's own class).
@@ -7,7 +7,7 @@ Here a small scaled-int8 subclass stands for it."""
 import torch
 from torch.utils._pytree import tree_map
 
-from compiler.subclass_weights import is_subclass_weight, unwrap_subclass_weights
+from compiler.tracing.subclass_weights import is_subclass_weight, unwrap_subclass_weights
 
 
 class ScaledInt8(torch.Tensor):

@@ -68,7 +68,7 @@ def test_vae_decoder_sweep_compiles_nothing(saved_pipe, monkeypatch):
 
 
 def test_whole_pipeline_image_matches_eager_at_new_sizes(saved_pipe):
-    from compiler.testing.tiny_models import prompt_embeds
+    from compiler.demo.tiny_models import prompt_embeds
 
     pipe, registry = saved_pipe.pipe, saved_pipe.registry
     compiles = len(registry.compiles)

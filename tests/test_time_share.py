@@ -1,6 +1,6 @@
-"""The time-share line of the reports (compiler/time_share.py): arithmetic on the registry's timed counters."""
+"""The time-share line of the reports (compiler/serving/time_share.py): arithmetic on the registry's timed counters."""
 
-from compiler.time_share import TimeShare
+from compiler.serving.time_share import TimeShare
 
 
 def test_blocks_glue_and_vae_shares():

@@ -7,10 +7,11 @@ import copy
 import pytest
 import torch
 
-from compiler import CompileOptions, ShapeRange, torch_support
+from compiler import CompileOptions, ShapeRange
+from compiler.machine import torch_support
 from compiler.backends import aot, inductor
 from compiler.diffusers_api import compile_module
-from compiler.registry import GraphRegistry
+from compiler.store.registry import GraphRegistry
 
 
 @pytest.mark.parametrize("version, refused", [("2.10.1+cu128", True), ("2.5.1", True), ("2.11.0+cu130", False),

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from compiler import GraphRefused, GraphStore
-from compiler.atomic import remove_stale_temps, sha256_bytes
+from compiler.store.atomic import remove_stale_temps, sha256_bytes
 from compiler.backends.aot import AotBackend
-from compiler.bundle import export_bundle, import_bundle, read_bundle
+from compiler.store.bundle import export_bundle, import_bundle, read_bundle
 from compiler.cli import main as cli_main
-from compiler.keys import GraphKey
+from compiler.keys.graph_keys import GraphKey
 
 ROOT = Path(__file__).resolve().parent.parent
 

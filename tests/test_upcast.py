@@ -18,7 +18,7 @@ import torch
 
 from compiler import GraphRegistry, ShapeRange, load_pipe, save_pipe
 from compiler.diffusers_api import compiled_parts
-from compiler.testing.tiny_models import tiny_sd_pipeline
+from compiler.demo.tiny_models import tiny_sd_pipeline
 from tests.support.inputs import latents
 
 VAE_ONLY = ("unet", "vae.encoder")

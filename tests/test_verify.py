@@ -1,4 +1,4 @@
-"""The first-use check's comparison (compiler/verify.py): what counts as agreeing with eager."""
+"""The first-use check's comparison (compiler/serving/verify.py): what counts as agreeing with eager."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from compiler.verify import Agreement, Verdicts, compare, judge, retired_reason, snapshot, tolerance_for
+from compiler.serving.verify import Agreement, Verdicts, compare, judge, retired_reason, snapshot, tolerance_for
 
 
 def _sample(*shape, seed=0, dtype=torch.float32):

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from compiler import ShapeRange, compile_pipe, load_pipe, save_pipe
-from compiler import cached_steps as C
-from compiler.registry import GraphRegistry
+from compiler.serving import cached_steps as C
+from compiler.store.registry import GraphRegistry
 
 pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_wan")
 from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan  # noqa: E402
@@ -143,7 +143,7 @@ def test_outside_its_scope_a_shared_chunk_module_runs_as_it_always_did():
     vae = _vae(3)
     twin = copy.deepcopy(vae)
     registry = GraphRegistry()
-    from compiler.compiled_forward import CompileOptions
+    from compiler.serving.compiled_forward import CompileOptions
 
     server = C.chunk_server(vae.decoder, CompileOptions(shape_range=RANGE), registry)  # ComfyUI's mode: scoped
     latent = _latent(1, 2, 4, 4)

@@ -1,4 +1,4 @@
-"""The check's measure of weights a graph keeps after its model let them go (compiler/testing/bench/
+"""The check's measure of weights a graph keeps after its model let them go (benchmarks/
 weight_release.py): a compiled model keeps none over patch-and-unpatch rounds, with no compile; a stand-in that
 holds what it was called with is caught."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from compiler.testing.bench import weight_release
+from benchmarks import weight_release
 from tests.test_module_snapshot import _model, compiled_model
 
 
@@ -39,7 +39,7 @@ def test_a_runner_that_holds_its_weights_is_caught():
 
 
 def test_the_check_lists_what_each_graph_kept():
-    from compiler.testing.bench import check
+    from benchmarks import check
     from tests.test_bench_check import _ran
 
     jobs = check.plan(models=["sd15"])

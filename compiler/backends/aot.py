@@ -8,12 +8,12 @@ graph relies on; the AOTInductor runtime does not check them, so the guards
 travel in the manifest and are checked before each call.
 
 Loading needs no C++ compiler and no Inductor cache: the package is unpacked
-into the pack's own folder (compiler/extraction.py) and handed to torch's
+into the pack's own folder (compiler/store/extraction.py) and handed to torch's
 package loader directly, below `torch._inductor.aoti_load_package`, whose
 `load_pt2` probes the CPU's vector ISA with a C++ compiler only to warn when
 it differs from the package's. What the package needs of the machine is
 checked by the pack instead, from the manifest, before the library is loaded
-(compiler/machine_fit.py).
+(compiler/machine/machine_fit.py).
 """
 
 from __future__ import annotations
@@ -34,26 +34,33 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 import torch
 import torch.utils._pytree as pytree
 
-from .. import alignment, extraction, machine_fit, torch_support
-from ..environment import kind_type
-from ..flat_module import MODULE_PREFIX, FlatForward, dump_out_spec, load_out_spec
-from ..module_snapshot import snapshot_of
-from ..guards import GuardSet, GuardSyntaxError, readable, size_ref
-from ..keys import GraphKey
-from ..probes import cloned, narrowed_to_one, pinned_example, smallest_served, trace_example
-from ..shapes import SPATIAL, leaf_bounds
-from ..signature import FlatCall
-from ..subclass_weights import unwrap_subclass_weights
-from ..verify import compare
-from . import aot_parts, cxx_linkage, gpu_reductions, loader_check, package_builds, package_loader, program_split, weight_inputs
-from .base import (UNLABELLED, Backend, BuildInProcess, BuildLabel, CompileFailed, CompiledGraph, PackageInfo, PendingGraph, Progress,
-                   WeightsElsewhere, call_device, no_progress, weights_elsewhere)
+from ..keys import alignment
+from ..store import extraction
+from ..machine import machine_fit, torch_support
+from ..machine.environment import kind_type
+from ..tracing.flat_module import MODULE_PREFIX, FlatForward, dump_out_spec, load_out_spec
+from ..tracing.module_snapshot import snapshot_of
+from ..keys.guards import GuardSet, GuardSyntaxError, readable, size_ref
+from ..keys.graph_keys import GraphKey
+from ..keys.probes import cloned, narrowed_to_one, pinned_example, smallest_served, trace_example
+from ..keys.shapes import SPATIAL, leaf_bounds
+from ..keys.signature import FlatCall
+from ..tracing.subclass_weights import unwrap_subclass_weights
+from ..serving.verify import compare
+from . import aot_parts, loader_check, package_loader
+from ..build_process import cxx_linkage, gpu_reductions
+from ..builds import package_builds
+from ..tracing import program_split, weight_inputs
+from .base import (
+    UNLABELLED, Backend, BuildInProcess, BuildLabel, CompileFailed, CompiledGraph, PackageInfo, PendingGraph,
+    Progress, WeightsElsewhere, call_device, no_progress, weights_elsewhere,
+)
 from .cuda_graphs import Replays
 from .borrowed_weights import bind, borrowed_views
-from .build_profile import SLOWEST_KERNELS
+from ..build_process.build_profile import SLOWEST_KERNELS
 from .flat_runner import FlatRunner
-from .stack_traces import without_stack_traces
-from .export_guards import exported_shapes, guard_texts
+from ..build_process.stack_traces import without_stack_traces
+from ..tracing.export_guards import exported_shapes, guard_texts
 
 log = logging.getLogger("keepfast")
 

@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Sequence
 
 import torch
 
-from .program_split import Wiring
+from ..tracing.program_split import Wiring
 
 MODEL_FOLDER = "/data/aotinductor/"
 

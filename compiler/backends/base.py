@@ -15,10 +15,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from ..flat_module import ForwardFn
-from ..keys import GraphKey
-from ..shapes import LeafBounds
-from ..signature import FlatCall
+from ..tracing.flat_module import ForwardFn
+from ..keys.graph_keys import GraphKey
+from ..keys.shapes import LeafBounds
+from ..keys.signature import FlatCall
 
 Progress = Callable[[str, float], None]  # (stage, fraction done)
 
@@ -84,7 +84,7 @@ def weights_elsewhere(tensors: Dict[str, torch.Tensor], device: torch.device) ->
     elsewhere. A graph reads its weights by pointer where it runs: a weight left in CPU memory (a model ComfyUI
     loaded partly, low-VRAM mode; a pipeline offloaded layer by layer) handed to a CUDA graph is read as device
     memory, which crashes or corrupts the process rather than raising."""
-    from ..flat_module import MODULE_PREFIX
+    from ..tracing.flat_module import MODULE_PREFIX
 
     for name, tensor in tensors.items():
         if tensor is not None and tensor.device != device:
@@ -111,7 +111,7 @@ class PackageInfo:
     constant_names: List[str] = field(default_factory=list)
     input_paths: List[str] = field(default_factory=list)
     extra: Dict[str, Any] = field(default_factory=dict)
-    # What the package needs of the machine that loads it (compiler/machine_fit.py); empty if unknown.
+    # What the package needs of the machine that loads it (compiler/machine/machine_fit.py); empty if unknown.
     needs: Dict[str, Any] = field(default_factory=dict)
     # A graph built in parts: which values each part takes and makes (program_split.Wiring.to_json); None: whole.
     wiring: Optional[Dict[str, Any]] = None

@@ -33,13 +33,15 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.utils._pytree as pytree
 
-from .. import torch_support
-from ..flat_module import FlatForward, module_tensors
-from ..keys import GraphKey
-from ..shapes import leaf_bounds
-from ..signature import FlatCall
-from .base import (Backend, CompileFailed, CompiledGraph, GraphMismatch, GuardsUnknown, LeafBounds, Progress,
-                   no_progress, range_failure)
+from ..machine import torch_support
+from ..tracing.flat_module import FlatForward, module_tensors
+from ..keys.graph_keys import GraphKey
+from ..keys.shapes import leaf_bounds
+from ..keys.signature import FlatCall
+from .base import (
+    Backend, CompileFailed, CompiledGraph, GraphMismatch, GuardsUnknown, LeafBounds, Progress, no_progress,
+    range_failure,
+)
 
 _COUNTER = itertools.count()
 

@@ -6,7 +6,7 @@ killed the process with SIGSEGV for every CUDA package: the SDXL UNet's, Flux's 
 load_probe.py ran them side by side, each in its own process). A crash in ComfyUI's process is a lost workflow,
 so a GPU package is never loaded here before one loaded in another process of this machine:
 
-- a build process loads each GPU package it built before handing it over (package_build_child.py); when that
+- a build process loads each GPU package it built before handing it over (build_process/child.py); when that
   kills it, the build fails with the reason and this machine's verdict is "crashes";
 - a package this process did not see built (a saved graph at a restart, another machine's graph) is loaded
   first by `python package_loader.py PACKAGE` in a process of its own, once per machine;
@@ -40,8 +40,8 @@ from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 
-from .. import file_lock
-from ..atomic import write_bytes
+from ..store import file_lock
+from ..store.atomic import write_bytes
 
 log = logging.getLogger("keepfast")
 
@@ -78,7 +78,7 @@ def verdicts_path() -> Path:
     configured = os.environ.get(VERDICTS_ENV)
     if configured:
         return Path(configured)
-    from ..trust import default_trust_path
+    from ..store.trust import default_trust_path
 
     return default_trust_path().with_name("package-loader.json")
 

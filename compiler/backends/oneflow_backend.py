@@ -39,11 +39,11 @@ from typing import Any, Iterable, List, Optional, Sequence, Tuple
 import torch
 import torch.utils._pytree as pytree
 
-from ..flat_module import CallTemplate, dump_out_spec, load_out_spec
-from ..guards import GuardSet, readable, size_ref
-from ..keys import GraphKey
-from ..probes import reshape_call
-from ..signature import FlatCall
+from ..tracing.flat_module import CallTemplate, dump_out_spec, load_out_spec
+from ..keys.guards import GuardSet, readable, size_ref
+from ..keys.graph_keys import GraphKey
+from ..keys.probes import reshape_call
+from ..keys.signature import FlatCall
 from .base import (
     Backend, BackendUnavailable, CompileDeferred, CompiledGraph, CompileFailed, PackageInfo, Progress,
     is_portable_forward, no_progress,

@@ -1,13 +1,13 @@
 """torch's AOTInductor package loader, made for one device: the one place a package is loaded (torch only).
 
-Imported by aot.py; loaded by path (it never imports the pack) by the build process (package_build_child.py),
+Imported by aot.py; loaded by path (it never imports the pack) by the build process (build_process/child.py),
 which loads each GPU package it built before handing it over, and run as a script by loader_check.py:
 
     python package_loader.py PACKAGE.pt2
 
 loads every model in the package in a process of its own and prints "loaded" (exit 0). On the GPU machines this
 project is lent (H100, torch 2.11+cu130, 2026-11-27), torch's loader killed the process with SIGSEGV for every
-CUDA package, torch's own two-call example included (compiler/testing/bench/load_probe.py): a process that loads a
+CUDA package, torch's own two-call example included (benchmarks/load_probe.py): a process that loads a
 package it has not seen load elsewhere on this machine would die with it. Here only this process dies.
 """
 

@@ -36,9 +36,9 @@ import torch.utils._pytree as pytree
 
 from ..backends.aot import AotGraph, index_of
 from ..backends.borrowed_weights import BorrowedWeights, bind, borrowed_views
-from ..backends.weight_inputs import with_weights
+from ..tracing.weight_inputs import with_weights
 from ..backends.base import CompiledGraph, WeightsElsewhere, call_device, weights_elsewhere
-from ..flat_module import MODULE_PREFIX
+from ..tracing.flat_module import MODULE_PREFIX
 from .export import empty_to_none
 from .quantised import CallTensors, subclass_parts
 
@@ -185,7 +185,7 @@ class SharedRunner:
         if not checked:
             weights.check(device)
         if not self.direct:
-            from ..signature import FlatCall
+            from ..keys.signature import FlatCall
 
             args, kwargs = rebuild(inputs)
             return empty_to_none(self.graph.run(weights.module, FlatCall(args, kwargs)))

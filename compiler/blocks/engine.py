@@ -39,10 +39,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..backends import DEFAULT_BACKEND
-from ..registry import FALLBACK, PROGRESS, GraphRegistry, default_registry
-from ..shapes import DEFAULT_RANGE, ShapeRange
-from ..store import GraphStore
-from ..structure import architecture_name, structure_hash
+from ..store.registry import FALLBACK, PROGRESS, GraphRegistry, default_registry
+from ..keys.shapes import DEFAULT_RANGE, ShapeRange
+from ..store.graph_store import GraphStore
+from ..keys.structure import architecture_name, structure_hash
 from . import tokens as T
 from .export import export_block
 from .family import BlockFamily
@@ -63,7 +63,7 @@ class BlockOptions:
     autosave: bool = False
     compile_on_miss: bool = True
     label: str = ""
-    # The first-use check: a graph's first call with new input shapes is compared with eager (compiler/verify.py).
+    # The first-use check: a graph's first call with new input shapes is compared with eager (compiler/serving/verify.py).
     verify: bool = True
     # Block graphs build in child processes while the blocks run eager (docs/background.md); save, load
     # and warmup still wait for them.

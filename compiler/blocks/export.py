@@ -30,16 +30,19 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
 
-from ..backends import package_builds, weight_inputs
-from ..backends.aot import (PACKAGE_CONFIG, AotGraph, Built, _guards_from, build_package, read_built,
-                            refuse_where_the_loader_crashes, with_phases)
-from ..backends.stack_traces import without_stack_traces
-from ..quiet import third_party_quiet
+from ..builds import package_builds
+from ..tracing import weight_inputs
+from ..backends.aot import (
+    PACKAGE_CONFIG, AotGraph, Built, _guards_from, build_package, read_built, refuse_where_the_loader_crashes,
+    with_phases,
+)
+from ..build_process.stack_traces import without_stack_traces
+from ..serving.quiet import third_party_quiet
 from ..backends.base import BuildLabel, CompileFailed, PackageInfo
-from ..flat_module import FlatForward, dump_out_spec
-from ..keys import GraphKey
-from ..signature import FlatCall
-from ..subclass_weights import unwrap_subclass_weights
+from ..tracing.flat_module import FlatForward, dump_out_spec
+from ..keys.graph_keys import GraphKey
+from ..keys.signature import FlatCall
+from ..tracing.subclass_weights import unwrap_subclass_weights
 
 log = logging.getLogger("keepfast")
 
@@ -366,7 +369,7 @@ def unit_guards(graph: AotGraph, bounds: Bounds) -> Dict[str, Tuple[int, int]]:
     shapes a block sees, which `widen_to_one` checks by running before it trusts it.
     Returns guard text -> (input index, dim).
     """
-    from ..guards import size_ref
+    from ..keys.guards import size_ref
 
     out = {}
     for leaf, dims in enumerate(bounds):

@@ -17,7 +17,7 @@ from typing import Any, ContextManager, Dict, Optional, Sequence, Tuple
 
 import torch
 
-from ..structure import module_device, module_dtype
+from ..keys.structure import module_device, module_dtype
 from .quantised import PLAIN, CallTensors, StoredWeights
 from .tokens import Dims, Geometry
 

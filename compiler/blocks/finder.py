@@ -23,7 +23,7 @@ from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..structure import structure_hash
+from ..keys.structure import structure_hash
 from .quantised import structure_key
 
 

@@ -13,15 +13,15 @@ import logging
 import time
 from typing import TYPE_CHECKING, Optional, Tuple
 
-from .. import build_claims
+from ..builds import claims as build_claims
 from ..backends import BackendUnavailable, get_backend
 from ..backends.base import BuildInProcess, BuildLabel, CompiledGraph, CompileFailed
-from ..boundary import expected_failure, stage
-from ..keys import FamilyKey, GraphKey
-from ..quiet import third_party_quiet
-from ..registry import COMPILE, LOAD, PROGRESS, REFUSED
-from ..signature import FlatCall
-from ..store import GraphRefused
+from ..serving.boundary import expected_failure, stage
+from ..keys.graph_keys import FamilyKey, GraphKey
+from ..serving.quiet import third_party_quiet
+from ..store.registry import COMPILE, LOAD, PROGRESS, REFUSED
+from ..keys.signature import FlatCall
+from ..store.graph_store import GraphRefused
 from .export import BlockBuild, package_block
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ class BlockGraphSource:
         server.origin = "loaded"
         return graph, None
 
-    # -- claims on a shared graphs folder (compiler/build_claims.py) --------
+    # -- claims on a shared graphs folder (compiler/builds/claims.py) --------
     def _claim(self, family: FamilyKey, call: FlatCall, key: GraphKey,
                progress) -> Tuple[Optional[CompiledGraph], Optional[str]]:
         """Claim the structure's build in the store its graph will be written to (`self.claim`): (None, None)

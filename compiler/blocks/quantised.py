@@ -34,7 +34,7 @@ from typing import ContextManager, Dict, List, Optional, Tuple
 
 import torch
 
-from ..subclass_weights import is_subclass_weight
+from ..tracing.subclass_weights import is_subclass_weight
 
 CallTensors = Tuple[Dict[str, torch.Tensor], bool]  # (tensors by graph name, transient)
 

@@ -7,10 +7,10 @@ instance: check the call against what was prepared (input structure, dtypes,
 the graph's shape guards, cached per shape), bind the instance's weights and
 run; anything else runs the instance's own forward with the reason recorded
 once. Unexpected errors anywhere on that path are contained by the pack's one
-boundary (`compiler.boundary`), as for whole models. A graph that fails at
+boundary (`compiler.serving.boundary`), as for whole models. A graph that fails at
 run time is not used again in this process. The first time the graph serves
 a set of input shapes, the instance also runs eagerly and the two are
-compared (`compiler.verify`, as for whole models): a graph that disagrees is
+compared (`compiler.serving.verify`, as for whole models): a graph that disagrees is
 retired for those shapes.
 """
 
@@ -25,16 +25,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.utils._pytree as pytree
 
-from .. import build_cores
+from ..builds import cores as build_cores
 from ..backends.base import CompiledGraph
-from ..binding import CallBinder
-from ..boundary import Failure, contain, stage
-from ..environment import dtype_name
-from ..keys import FamilyKey, GraphKey
-from ..registry import FALLBACK, MISMATCH, REFUSED
-from ..signature import FlatCall, UnsupportedCall
-from ..store import StoreError
-from ..verify import Snapshot, compare, judge, retired_reason, snapshot
+from ..keys.binding import CallBinder
+from ..serving.boundary import Failure, contain, stage
+from ..machine.environment import dtype_name
+from ..keys.graph_keys import FamilyKey, GraphKey
+from ..store.registry import FALLBACK, MISMATCH, REFUSED
+from ..keys.signature import FlatCall, UnsupportedCall
+from ..store.graph_store import StoreError
+from ..serving.verify import Snapshot, compare, judge, retired_reason, snapshot
 from . import tokens as T
 from ..backends.base import call_device
 from .binding import InstanceWeights, SharedRunner
@@ -260,7 +260,7 @@ class BlockServer:
         The probe call's inputs are cut down to size 1 along those roles (all of
         them at once, then each alone) and run both ways; values do not matter,
         the same inputs go to both. Agreement is the first-use check's
-        (`compiler.verify.compare`, the output dtype's tolerance).
+        (`compiler.serving.verify.compare`, the output dtype's tolerance).
         """
         instance = self.lead
         paths = call.tensor_paths

@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..shapes import AUDIO, ShapeRange
+from ..keys.shapes import AUDIO, ShapeRange
 
 BATCH, TOKENS, SEQUENCE, JOINT, FRAMES = "batch", "tokens", "sequence", "joint", "frames"
 ROWS = "rows:"  # prefix of a timestep's rows: `rows:tokens`, `rows:audio`

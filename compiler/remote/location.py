@@ -1,6 +1,6 @@
 """A remote graph library: an fsspec file system and the folder in it that holds a graphs store.
 
-The layout is the graphs folder's own (compiler/store.py):
+The layout is the graphs folder's own (compiler/store/graph_store.py):
 `ROOT/<Architecture>-<structure>/<graph_id>.json` (manifest) beside the
 content-named package it names. A reader lists and reads manifests first and
 fetches a package only once it has decided it wants it; a writer puts the
@@ -203,7 +203,7 @@ class RemoteLibrary:
         self._check_writable()
         with remote_errors(self.url, f"writing {relative} to"):
             if self.is_local:
-                from ..atomic import write_bytes
+                from ..store.atomic import write_bytes
 
                 write_bytes(self.path(relative), data)  # temp file, fsync, rename
             else:  # an object store's PUT is all-or-nothing (a multipart upload appears only once completed)
@@ -220,7 +220,7 @@ class RemoteLibrary:
         return created
 
     def _create_local(self, relative: str, data: bytes) -> bool:
-        from ..atomic import TEMP_PREFIX, _fsync_dir
+        from ..store.atomic import TEMP_PREFIX, _fsync_dir
 
         target = self.path(relative)
         folder = os.path.dirname(target)

@@ -28,10 +28,10 @@ from typing import Any, Iterable, List, Mapping, Optional
 
 import torch
 
-from ..atomic import sha256_bytes
-from ..manifest import MANIFEST_SUFFIX, Manifest, ManifestError
-from ..store import GraphStore, StoreError, StoredGraph, safe_part
-from ..trust import TrustList
+from ..store.atomic import sha256_bytes
+from ..store.manifest import MANIFEST_SUFFIX, Manifest, ManifestError
+from ..store.graph_store import GraphStore, StoreError, StoredGraph, safe_part
+from ..store.trust import TrustList
 from . import signing
 from .location import RemoteError, RemoteLibrary
 from .select import ModelSelector, fit_problems, selector_for_module

@@ -20,8 +20,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, List, Mapping, Optional, Sequence
 
-from ..manifest import MANIFEST_SUFFIX
-from ..store import GraphStore, StoredGraph
+from ..store.manifest import MANIFEST_SUFFIX
+from ..store.graph_store import GraphStore, StoredGraph
 from . import signing
 from .location import RemoteError, RemoteLibrary
 

@@ -23,9 +23,9 @@ from typing import FrozenSet, Iterable, List, Optional
 
 import torch
 
-from ..bundle import compatibility_problems
-from ..manifest import Manifest
-from ..structure import architecture_name, structure_hash
+from ..store.bundle import compatibility_problems
+from ..store.manifest import Manifest
+from ..keys.structure import architecture_name, structure_hash
 
 _MIN_PREFIX = 8  # a structure named by hash: at least this many hex digits
 

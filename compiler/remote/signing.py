@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Tuple
 
-from ..atomic import write_bytes
+from ..store.atomic import write_bytes
 
 SIGNED_FIELD = "signed"
 KEY_PREFIX = "keepfast-ed25519"

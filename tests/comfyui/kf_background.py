@@ -31,7 +31,7 @@ def main(pack: str, base: str, family_name: str) -> dict:
 
     runtime = sys.modules[name + ".nodes.runtime"]
     builds = sys.modules[name + ".compiler.backends.package_builds"]
-    from compiler.testing import comfy_families as F
+    from benchmarks.comfy import families as F
 
     registry = runtime.registry()
     family = F.build(family_name, seed=0)

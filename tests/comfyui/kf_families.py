@@ -38,7 +38,7 @@ def main(pack: str, base: str, family_name: str, phase: str, dtype: str = "float
 
     runtime = sys.modules[name + ".nodes.runtime"]
     blocks = sys.modules[name + ".nodes.blocks"]
-    from compiler.testing import comfy_families as F
+    from benchmarks.comfy import families as F
 
     registry = runtime.registry()
     family = F.build(family_name, seed=0 if phase == "first" else 5, dtype=getattr(torch, dtype))

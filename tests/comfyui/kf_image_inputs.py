@@ -77,7 +77,7 @@ def main(pack: str, base: str, family_name: str) -> dict:
     env = family_in_comfy(pack, base, family_name)
     import torch
     import comfy.sample
-    from compiler.testing import comfy_families as F
+    from benchmarks.comfy import families as F
 
     family = env.family
     fast = env.nodes["KeepFastModelSpeedup"].execute(model=family.patcher, **RANGE).args[0]

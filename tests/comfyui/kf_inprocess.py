@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository (this pack): compiler.testing
-from compiler.testing.comfy_pack import comfy_with_pack, load_pack  # noqa: E402  (the kf_*.py scripts import them from here)
+from benchmarks.comfy.pack import comfy_with_pack, load_pack  # noqa: E402  (the kf_*.py scripts import them from here)
 
 # The Speedup nodes' `build` choice that compiles before the first image: the tests that count a first image's
 # compiles use it (the default builds in the background; test_comfyui_background.py and the server's
@@ -29,13 +29,13 @@ __all__ = ["BLOCKING_BUILD", "comfy_with_pack", "load_pack", "capture_server", "
 
 def family_in_comfy(pack: str, base: str, family_name: str):
     """ComfyUI with the pack loaded as ComfyUI loads it and one tiny family built in ComfyUI's classes
-    (compiler.testing.comfy_families): the pack's name and node classes, its block module, the family, its
+    (benchmarks.comfy.families): the pack's name and node classes, its block module, the family, its
     diffusion model, the number of its blocks once an engine serves it, and `sample(model, width, height, batch,
     text, frames=1, steps=2)`, KSampler's latent for those inputs."""
     import types
 
     name, nodes = comfy_with_pack(pack, base)
-    from compiler.testing import comfy_families as F
+    from benchmarks.comfy import families as F
 
     family = F.build(family_name, seed=0)
     blocks = sys.modules[name + ".nodes.blocks"]

@@ -68,7 +68,7 @@ def main(pack: str, base: str, graphs: str, kind: str, phase: str, flags: list) 
     runtime = sys.modules[name + ".nodes.runtime"]
     registry = runtime.registry()
     sys.path.insert(0, pack)
-    from compiler.testing import comfy_families as F
+    from benchmarks.comfy import families as F
 
     seed = 0 if phase.startswith("first") else 5  # a restart runs other weights than the saved ones
     out = {"kind": kind, "phase": phase}

@@ -41,8 +41,8 @@ def main(pack: str, base: str, family_name: str, qtype: str, phase: str) -> dict
     runtime = sys.modules[name + ".nodes.runtime"]
     blocks = sys.modules[name + ".nodes.blocks"]
     import comfy.sd
-    from compiler.testing import comfy_quantised as G
-    from compiler.testing import comfy_families as F
+    from benchmarks.comfy import quantised as G
+    from benchmarks.comfy import families as F
 
     out = {"family": family_name, "qtype": qtype, "phase": phase}
     qtype, _, compute = qtype.partition(":")  # "Q4_K:bfloat16": the model computes in bfloat16 (a GPU's usual)

@@ -4,7 +4,7 @@ prints one JSON object of findings.
     python kf_spawned_trace.py PACK_DIR BASE_DIR CHECKPOINT_PATH
 
 The pack is loaded as ComfyUI loads it (a package named by its path), the checkpoint by ComfyUI's loader; the
-diffusion model is pickled without its weights (compiler/backends/spawned_trace.py), traced in a spawned process
+diffusion model is pickled without its weights (compiler/tracing/spawned_trace.py), traced in a spawned process
 that loads the pack under the same name, and its program and guards are compared with a trace here.
 """
 
@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository (this pack): compiler.testing
-from compiler.testing.comfy_pack import comfy_with_pack  # noqa: E402
+from benchmarks.comfy.pack import comfy_with_pack  # noqa: E402
 
 
 def main(pack: str, base: str, checkpoint: str) -> dict:
@@ -29,10 +29,10 @@ def main(pack: str, base: str, checkpoint: str) -> dict:
     def of(module: str):
         return importlib.import_module(f"{name}.{module}")
 
-    aot, spawned, builds = of("compiler.backends.aot"), of("compiler.backends.spawned_trace"), \
-        of("compiler.backends.package_builds")
+    aot, spawned, builds = of("compiler.backends.aot"), of("compiler.tracing.spawned_trace"), \
+        of("compiler.builds.package_builds")
     unet, sizes, vae_nodes = of("nodes.unet"), of("nodes.sizes"), of("nodes.vae")
-    compiled_forward, registry = of("compiler.compiled_forward"), of("compiler.registry")
+    compiled_forward, registry = of("compiler.serving.compiled_forward"), of("compiler.store.registry")
     patcher, _, vae = comfy.sd.load_checkpoint_guess_config(checkpoint, output_vae=True, output_clip=False)[:3]
     model = patcher.model.diffusion_model
     dtype = next(model.parameters()).dtype

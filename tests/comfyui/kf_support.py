@@ -3,7 +3,7 @@
 The server is ComfyUI's own `main.py` started as a subprocess on 127.0.0.1
 with `--cpu`, a temporary `--base-directory` whose `custom_nodes/keepfast` is a
 link to this repository, and a generated checkpoint. Nothing here imports
-ComfyUI; models are built by `compiler/testing/comfy_models.py` in ComfyUI's Python.
+ComfyUI; models are built by `benchmarks/comfy/models.py` in ComfyUI's Python.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ REPO = HERE.parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from compiler.testing.bench.comfy_e2e import ATTENTION_FLAGS, picked_attention  # noqa: E402,F401  (imports no ComfyUI; picked_attention for the tests)
+from benchmarks.comfy_e2e import ATTENTION_FLAGS, picked_attention  # noqa: E402,F401  (imports no ComfyUI; picked_attention for the tests)
 from kf_inprocess import BLOCKING_BUILD  # noqa: E402,F401  (the Speedup nodes' compile-before-the-first-image choice)
 
 WORKFLOWS = REPO / "workflows"
@@ -104,7 +104,7 @@ UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload", "animated_image_
 
 
 def write_model(base: Path, *args) -> None:
-    """compiler/testing/comfy_models.py's command line in ComfyUI's Python (what, path, options)."""
+    """benchmarks/comfy/models.py's command line in ComfyUI's Python (what, path, options)."""
     subprocess.run([PYTHON, str(COMFY_MODELS), *map(str, args)], check=True,
                    env={**os.environ, "COMFYUI_PATH": COMFYUI_PATH}, cwd=str(base))
 

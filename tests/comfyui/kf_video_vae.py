@@ -82,7 +82,7 @@ def _vae(kind: str, seed: int):
     if kind == "ltxv":
         import json as _json
 
-        from compiler.testing.comfy_models import LTXV_VAE_CONFIG
+        from benchmarks.comfy.models import LTXV_VAE_CONFIG
         from comfy.ldm.lightricks.vae.causal_video_autoencoder import VideoVAE
 
         source = VideoVAE(config=LTXV_VAE_CONFIG)

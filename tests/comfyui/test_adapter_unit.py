@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from compiler import CompiledForward, CompileOptions, GraphRegistry
-from compiler.signature import FlatCall
-from compiler.store import MultiRootStore
-from compiler.structure import structure_hash
-from compiler.trust import TrustList
+from compiler.keys.signature import FlatCall
+from compiler.store.graph_store import MultiRootStore
+from compiler.keys.structure import structure_hash
+from compiler.store.trust import TrustList
 from tests.support.pack import pack_module
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ _patches = pack_module(PACK, "nodes.patches")
 _sets = pack_module(PACK, "nodes.graph_sets")
 _sizes = pack_module(PACK, "nodes.sizes")
 _unet = pack_module(PACK, "nodes.unet")
-CallDoesNotBind = pack_module(PACK, "compiler.binding").CallDoesNotBind
+CallDoesNotBind = pack_module(PACK, "compiler.keys.binding").CallDoesNotBind
 options_reason = _patches.options_reason
 GraphSetError, graph_set_entries, read_json = _sets.GraphSetError, _sets.graph_set_entries, _sets.read_json
 set_file_name, write_graph_set = _sets.set_file_name, _sets.write_graph_set
@@ -456,7 +456,7 @@ def test_low_vram_layers_left_in_cpu_memory_are_moved_to_the_call_s_device_for_t
     to the call's device for that call, patched there where a LoRA applies, under the graph's names; layers
     already there, and layers that are not ComfyUI's to move, are not. The meta device stands for the GPU."""
     lowvram = pack_module(PACK, "nodes.lowvram")
-    prefix = pack_module(PACK, "compiler.flat_module").MODULE_PREFIX
+    prefix = pack_module(PACK, "compiler.tracing.flat_module").MODULE_PREFIX
     block = torch.nn.Sequential(_OffloadableLinear(4, 4), _OffloadableLinear(4, 4), _OffloadableLinear(4, 4),
                                 _OffloadableLinear(4, 4), _Norm(4), _Norm(4).to("meta"))
     block[0].comfy_cast_weights = True  # offloaded: moved in per call

@@ -155,8 +155,8 @@ def test_an_eager_node_carries_its_reason(compiled):
 
 
 def test_the_library_lists_the_saved_graph_and_trusts_it(compiled, page_server, artifacts):
-    from compiler.manifest import Manifest
-    from compiler.trust import TrustList
+    from compiler.store.manifest import Manifest
+    from compiler.store.trust import TrustList
 
     files = stored_graphs(page_server)
     assert files, "the compile saved no graph"
@@ -225,7 +225,7 @@ def test_the_library_pulls_from_a_remote_library(compiled, page_server, artifact
 
 
 def test_delete_in_the_library_removes_the_files(compiled, page_server, artifacts):
-    from compiler.manifest import Manifest
+    from compiler.store.manifest import Manifest
 
     files = stored_graphs(page_server)
     assert files

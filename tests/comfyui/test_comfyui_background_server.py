@@ -57,11 +57,11 @@ def txt2img(server, width=192, height=192, batch=1, seed=11) -> dict:
 def _builds_of(temp: Path) -> list:
     """Processes building a graph for a server that uses `temp` as its TMPDIR."""
     return [pid for pid, state, _, command in processes() if state not in ("Z", "X")
-            and b"package_build_child.py" in command and str(temp).encode() in command]
+            and b"build_process/run.py" in command and str(temp).encode() in command]
 
 
 def _traces_of(server_pid: int) -> list:
-    """The server's forked trace processes (compiler/backends/forked_trace.py): its children running its own
+    """The server's forked trace processes (compiler/tracing/forked_trace.py): its children running its own
     command line."""
     command = Path(f"/proc/{server_pid}/cmdline").read_bytes()
     return [pid for pid, state, parent, line in processes() if state not in ("Z", "X")

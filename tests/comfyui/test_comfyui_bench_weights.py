@@ -29,8 +29,8 @@ TOLERANCE = 1e-3
 
 
 def test_weights_bench_on_fp8_flux_counts_compiles_and_ours_compiles_nothing_after_the_first_image(tmp_path):
-    from compiler.testing.bench import weights as W
-    from compiler.testing.bench import weights_report as R
+    from benchmarks import weights as W
+    from benchmarks import weights_report as R
 
     raw = W.run_weights(tmp_path / "weights", ["fp8"], quick=True, variants=["eager", "ours"], timeout=1500,
                         env={**os.environ, "COMFYUI_PATH": S.COMFYUI_PATH})

@@ -1,7 +1,7 @@
 """Every transformer family ComfyUI loads, served block by block (needs COMFYUI_PATH).
 
 Each family is a tiny model built with ComfyUI's own classes
-(`compiler/testing/comfy_families.py`), in float32 and, for Flux, Wan and
+(`benchmarks/comfy/families.py`), in float32 and, for Flux, Wan and
 SD3, in the dtypes checkpoints run in (bfloat16, float16, float8 weights
 computing in bfloat16), sampled through
 comfy.sample in ComfyUI's Python by kf_families.py: Save Graph before any image, a sweep of

@@ -1,4 +1,4 @@
-"""The ComfyUI-on-GPU run (compiler/testing/bench/comfy_gpu.py, issue 36 item 5) rehearsed on the CPU with the tiny
+"""The ComfyUI-on-GPU run (benchmarks/comfy_gpu.py, issue 36 item 5) rehearsed on the CPU with the tiny
 configs (needs COMFYUI_PATH): in ComfyUI's Python, the pack loaded as ComfyUI loads it, SD1.5's UNet (whole) and
 Flux (by blocks) sampled through comfy.sample with and without Model Speedup, every call of ours served by graphs
 and equal to eager; the partial-loading row says that a CPU never loads a model partly."""
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.comfyui
 
 def test_the_gpu_run_rehearsed_on_the_cpu_serves_graphs_equal_to_eager(tmp_path):
     env = {**os.environ, "KEEPFAST_TRUST_FILE": str(tmp_path / "trust.json"), "PYTHONUNBUFFERED": "1"}
-    done = subprocess.run([S.PYTHON, "-m", "compiler.testing.bench.comfy_gpu", "--out", str(tmp_path / "out"),
+    done = subprocess.run([S.PYTHON, "-m", "benchmarks.comfy_gpu", "--out", str(tmp_path / "out"),
                            "--device", "cpu", "--tiny", "--steps", "3"], cwd=S.REPO, env=env, capture_output=True,
                           text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -346,8 +346,8 @@ def _report(server, entry, prompt) -> str:
 
 def test_load_graph_refuses_what_does_not_fit(server):
     """Another architecture or torch version: refused with the field that differs; the workflow goes on."""
-    from compiler.keys import FamilyKey, GraphKey
-    from compiler.manifest import Manifest
+    from compiler.keys.graph_keys import FamilyKey, GraphKey
+    from compiler.store.manifest import Manifest
 
     folder = graphs_folder(server)
     set_entries = saved_set(server)

@@ -1,5 +1,5 @@
 """Two ComfyUI servers sharing one models/graphs folder build the UNet's graph once between them (needs
-COMFYUI_PATH; compiler/build_claims.py).
+COMFYUI_PATH; compiler/builds/claims.py).
 
 Both run the bundled txt2img workflow with the nodes' defaults (build in the background, default attention)
 and Model Speedup's `save_compiled` on, as two ComfyUI processes of one machine (one per GPU) would, sharing

@@ -1,4 +1,4 @@
-"""ComfyUI's own SD1.5 diffusion model traced in a spawned process (compiler/backends/spawned_trace.py), in
+"""ComfyUI's own SD1.5 diffusion model traced in a spawned process (compiler/tracing/spawned_trace.py), in
 ComfyUI's Python on the CPU (needs COMFYUI_PATH): the model and its VAE pickle without their weights, the spawned
 process loads the pack under ComfyUI's name for it and ComfyUI's classes from ComfyUI's import path, and its
 program, weight layout and guards are those of a trace in the caller."""

@@ -31,7 +31,7 @@ if not S.comfyui_available():
 pytestmark = pytest.mark.comfyui
 
 TOLERANCE = 1e-4  # float32 pixels in [-1, 1]
-CACHE_STATES = 3  # first chunk, second chunk, every later chunk (compiler/cached_steps.py)
+CACHE_STATES = 3  # first chunk, second chunk, every later chunk (compiler/serving/cached_steps.py)
 # kind -> (ComfyUI's class, graphs per operation)
 KINDS = {"wan": ("WanVAE", CACHE_STATES), "wan22": ("WanVAE", CACHE_STATES), "ltxv": ("VideoVAE", 1)}
 

@@ -2,7 +2,7 @@
 COMFYUI_PATH; kf_video_vae.py, phase `background`).
 
 Wan decodes a video one latent frame at a time with a feature cache: one graph per cache state (first chunk,
-second chunk, every later chunk: compiler/cached_steps.py), each built in a child process while decodes run
+second chunk, every later chunk: compiler/serving/cached_steps.py), each built in a child process while decodes run
 uncompiled. The first decode returns what the VAE without the node returns and starts the builds; no decode
 waits for a build; each decode takes in the builds finished by then (recorded as built in the background),
 and once all are in, decodes at other sizes, frame counts and batches compile nothing, fall back nowhere and equal the VAE

@@ -90,12 +90,12 @@ def build(model: str, attention: str, batch: int, size: int):
 
     if model == "diffusers-unet":
         sys.path.insert(0, str(REPO))
-        from compiler.testing.tiny_models import prompt_embeds, tiny_unet
+        from compiler.demo.tiny_models import prompt_embeds, tiny_unet
 
         unet = tiny_unet()
         kwargs = {"encoder_hidden_states": prompt_embeds(batch, 77, 32), "return_dict": False}
         args = (torch.randn(batch, 4, size, size), torch.full((batch,), 10.0))
-        return unet, type(unet).forward, args, kwargs, "compiler.testing.tiny_models.tiny_unet", "diffusers SDPA"
+        return unet, type(unet).forward, args, kwargs, "compiler.demo.tiny_models.tiny_unet", "diffusers SDPA"
     models, chosen = _comfy(attention)
     if model == "comfy-sd15":
         module = models.SD15(dict(SD15_CONFIG)).get_model({}).diffusion_model.float()
@@ -121,7 +121,7 @@ def record(ep, call, shape_range) -> dict:
     from torch.export.exported_program import _get_shape_env
     from torch.fx.experimental.symbolic_shapes import ShapeGuardPythonPrinter
 
-    from compiler.backends.export_guards import exported_shapes
+    from compiler.tracing.export_guards import exported_shapes
 
     facts = exported_shapes(ep)
     shape_env = _get_shape_env(ep.graph_module)
@@ -181,8 +181,8 @@ def main() -> None:
     import torch
 
     from compiler.backends.aot import export_program
-    from compiler.shapes import ShapeRange
-    from compiler.signature import FlatCall
+    from compiler.keys.shapes import ShapeRange
+    from compiler.keys.signature import FlatCall
 
     call = FlatCall(args, kwargs)
     shape_range = ShapeRange(batch=(1, 8), spatial=(8, 256), sequence=(1, 1024))

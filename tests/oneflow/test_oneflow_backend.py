@@ -36,8 +36,8 @@ import diffusers  # noqa: E402
 from compiler import CompileOptions, GraphRegistry, GraphStore, ShapeRange, StoreError, get_backend  # noqa: E402
 from compiler.backends.oneflow_backend import OneflowBackend, OneflowGraph, declared_calls  # noqa: E402
 from compiler.diffusers_api import compile_module  # noqa: E402
-from compiler.signature import FlatCall  # noqa: E402
-from compiler.testing.tiny_models import tiny_unet, tiny_vae  # noqa: E402
+from compiler.keys.signature import FlatCall  # noqa: E402
+from compiler.demo.tiny_models import tiny_unet, tiny_vae  # noqa: E402
 
 pytestmark = pytest.mark.oneflow
 
@@ -421,7 +421,7 @@ def test_persisting_is_unavailable_and_said_plainly(unet_setup, tmp_path):
     with pytest.raises(StoreError):
         GraphStore(tmp_path).save(graph, {})
     # What a OneFlow with runtime_state_dict would write in the manifest: exact-shape guards.
-    from compiler.guards import GuardSet
+    from compiler.keys.guards import GuardSet
 
     guards = GuardSet(graph.package_info().guards)
     args, kwargs = unet_inputs(*[graph.metas[graph.paths.index("sample")][0][i] for i in (0, 2, 3)], seed=0)

@@ -14,7 +14,7 @@ import torch
 from compiler import CompileOptions, GraphRegistry, unavailable_reason
 from compiler.backends import BackendUnavailable, get_backend
 from compiler.backends.oneflow_support import oneflow_unavailable_reason, persist_unavailable_reason
-from compiler.compiled_forward import CompiledForward
+from compiler.serving.compiled_forward import CompiledForward
 
 REASON = oneflow_unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is None, reason="oneflow imports here; test_oneflow_backend.py covers it")

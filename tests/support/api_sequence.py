@@ -17,7 +17,7 @@ import torch
 
 from compiler import GraphRegistry, ShapeRange, compile_pipe, load_pipe, save_pipe, uncompile_module
 from compiler.diffusers_api import compiled_parts
-from compiler.testing.tiny_models import pooled_embeds, prompt_embeds, tiny_sd_pipeline, tiny_sdxl_pipeline
+from compiler.demo.tiny_models import pooled_embeds, prompt_embeds, tiny_sd_pipeline, tiny_sdxl_pipeline
 
 RANGE = ShapeRange(batch=(1, 4), spatial=(8, 24), sequence=(1, 160))
 IGNORES = {

@@ -18,9 +18,9 @@ import torch
 
 from compiler import CompileOptions, ShapeRange
 from compiler.diffusers_api import compile_module
-from compiler.extraction import run_folder
-from compiler.registry import GraphRegistry
-from compiler.testing.tiny_models import prompt_embeds, tiny_unet
+from compiler.store.extraction import run_folder
+from compiler.store.registry import GraphRegistry
+from compiler.demo.tiny_models import prompt_embeds, tiny_unet
 
 HERE = Path(__file__).parent
 RANGE = ShapeRange(batch=(1, 2), spatial=(8, 16), sequence=(1, 77))

@@ -15,8 +15,8 @@ import torch
 
 from compiler import CompileOptions, GraphStore, ShapeRange
 from compiler.diffusers_api import compile_module
-from compiler.registry import GraphRegistry
-from compiler.testing.tiny_models import pooled_embeds, prompt_embeds, tiny_sdxl_pipeline
+from compiler.store.registry import GraphRegistry
+from compiler.demo.tiny_models import pooled_embeds, prompt_embeds, tiny_sdxl_pipeline
 
 RANGE = ShapeRange(batch=(1, 2), spatial=(8, 16), sequence=(1, 77))
 DTYPE = torch.bfloat16

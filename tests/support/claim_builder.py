@@ -15,11 +15,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from compiler import CompileOptions, ShapeRange, build_claims  # noqa: E402
+from compiler import CompileOptions, ShapeRange
+from compiler.builds import claims as build_claims
 from compiler.diffusers_api import compile_module, compile_pipe, compiled_parts  # noqa: E402
-from compiler.registry import GraphRegistry  # noqa: E402
-from compiler.store import GraphStore  # noqa: E402
-from compiler.testing.tiny_models import prompt_embeds, tiny_unet  # noqa: E402
+from compiler.store.registry import GraphRegistry  # noqa: E402
+from compiler.store.graph_store import GraphStore  # noqa: E402
+from compiler.demo.tiny_models import prompt_embeds, tiny_unet  # noqa: E402
 
 UNET_RANGE = ShapeRange(batch=(1, 2), spatial=(8, 16), sequence=(1, 77))
 

@@ -23,8 +23,9 @@ def _quick_package(program, package_path, inductor_configs=None):
 
 torch._inductor.aoti_compile_and_package = _quick_package
 crashing_loader.install()
-REAL = os.path.join(os.path.dirname(__file__), "..", "..", "compiler", "backends", "package_build_child.py")
-spec = importlib.util.spec_from_file_location("package_build_child", REAL)
-child = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(child)
+RUN = os.path.join(os.path.dirname(__file__), "..", "..", "compiler", "build_process", "run.py")
+spec = importlib.util.spec_from_file_location("build_process_run", RUN)
+run = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run)
+child = run.child_module()
 sys.exit(child.main(sys.argv[1]))

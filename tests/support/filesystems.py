@@ -36,7 +36,7 @@ def small_filesystem(size_kib: int, read_only: bool = False, prefill: Path | Non
         if mounted and read_only:
             subprocess.run(["mount", "-o", "remount,ro", str(target)], check=True)
         if not mounted:
-            from compiler import atomic
+            from compiler.store import atomic
 
             code = errno.EROFS if read_only else errno.ENOSPC
 

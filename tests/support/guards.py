@@ -46,7 +46,7 @@ class Record:
         self.sources = {parse(k): tuple(v) for k, v in data["sources"].items()}
 
     def exported_shapes(self):
-        from compiler.backends.export_guards import ExportedShapes
+        from compiler.tracing.export_guards import ExportedShapes
 
         return ExportedShapes(dims=self.dims, ranges=self.ranges, guard_code=self.guard_code)
 

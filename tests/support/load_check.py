@@ -12,7 +12,7 @@ import torch
 
 from compiler import GraphRegistry, ShapeRange, load_pipe
 from compiler.diffusers_api import compiled_parts
-from compiler.testing.tiny_models import tiny_sd_pipeline
+from compiler.demo.tiny_models import tiny_sd_pipeline
 from tests.support.inputs import UNET_SWEEP, VAE_SWEEP, latents, unet_inputs
 
 

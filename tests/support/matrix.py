@@ -26,7 +26,7 @@ import torch.utils._pytree as pytree
 from compiler import GraphRegistry, ShapeRange, compile_pipe, load_pipe
 from compiler.blocks.tokens import Dims
 from compiler.diffusers_api import compiled_parts
-from compiler.testing.tiny_models import SDXL_POOLED, tiny_unet, tiny_vae
+from compiler.demo.tiny_models import SDXL_POOLED, tiny_unet, tiny_vae
 
 # latents 8-48 (the tiny VAE's encoder sees pixels up to 48), up to 3 images with CFG (6 rows), two CLIP chunks
 RANGE = ShapeRange(batch=(1, 6), spatial=(8, 48), sequence=(1, 160), frames=(1, 5))
@@ -137,7 +137,7 @@ def _build(kind: str, seed: int) -> Tuple[torch.nn.Module, Any]:
         module = tiny_unet(seed)
         return module, SimpleNamespace(unet=module)
     if kind == "sdxl-unet":
-        from compiler.testing.tiny_models import tiny_sdxl_pipeline
+        from compiler.demo.tiny_models import tiny_sdxl_pipeline
 
         module = tiny_sdxl_pipeline(seed).unet
         return module, SimpleNamespace(unet=module)

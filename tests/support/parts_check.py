@@ -14,8 +14,8 @@ import torch
 
 from compiler import CompileOptions, GraphStore, ShapeRange
 from compiler.diffusers_api import compile_module
-from compiler.registry import GraphRegistry
-from compiler.testing.tiny_models import tiny_unet
+from compiler.store.registry import GraphRegistry
+from compiler.demo.tiny_models import tiny_unet
 from tests.support.background import unet_call
 
 RANGE = ShapeRange(batch=(1, 2), spatial=(8, 16), sequence=(1, 77))

@@ -1,9 +1,9 @@
 """The kinds of Triton kernel Inductor writes for an sm_90 GPU from a layer norm over a fixed size and a softmax over
-a dynamic one (bounded at 512), with and without the pack's per-kernel decision (compiler/backends/gpu_reductions.py).
+a dynamic one (bounded at 512), with and without the pack's per-kernel decision (compiler/build_process/gpu_reductions.py).
 
 Run in an interpreter with Triton (`python -m tests.support.reduction_kinds`): a fake driver stands for the GPU
 and Inductor writes Triton kernels for the CPU's tensors, each kernel's source read instead of built
-(compiler/testing/bench/kernel_sources.py `record_gpu_kernels`). Prints one JSON line:
+(tools/kernel_builds/kernel_sources.py `record_gpu_kernels`). Prints one JSON line:
 {"default": {kind: count}, "fixed_only": {kind: count}}.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from compiler.testing.bench.kernel_sources import record_gpu_kernels, writes_kernels
+from tools.kernel_builds.kernel_sources import record_gpu_kernels, writes_kernels
 
 KINDS = ("persistent_reduction", "reduction", "pointwise")
 
@@ -20,7 +20,7 @@ def main() -> int:
     kernels = record_gpu_kernels()
     import torch
 
-    from compiler.backends import gpu_reductions
+    from compiler.build_process import gpu_reductions
 
     class Model(torch.nn.Module):
         def __init__(self):

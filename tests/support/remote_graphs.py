@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from compiler import GraphStore, TrustList
-from compiler.atomic import sha256_bytes
-from compiler.keys import GraphKey
-from compiler.manifest import Manifest
+from compiler.store.atomic import sha256_bytes
+from compiler.keys.graph_keys import GraphKey
+from compiler.store.manifest import Manifest
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

@@ -16,9 +16,10 @@ import sys
 
 import torch
 
-from compiler import GraphRegistry, ShapeRange, extraction, load_pipe
+from compiler import GraphRegistry, ShapeRange, load_pipe
+from compiler.store import extraction
 from compiler.diffusers_api import compiled_parts
-from compiler.testing.tiny_models import tiny_sd_pipeline
+from compiler.demo.tiny_models import tiny_sd_pipeline
 from tests.support.inputs import unet_inputs
 
 

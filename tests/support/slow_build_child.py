@@ -11,10 +11,11 @@ import os
 import sys
 import time
 
-REAL = os.path.join(os.path.dirname(__file__), "..", "..", "compiler", "backends", "package_build_child.py")
-spec = importlib.util.spec_from_file_location("package_build_child", REAL)
-child = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(child)
+RUN = os.path.join(os.path.dirname(__file__), "..", "..", "compiler", "build_process", "run.py")
+spec = importlib.util.spec_from_file_location("build_process_run", RUN)
+run = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run)
+child = run.child_module()
 folder = sys.argv[1]
 child._stop_when_the_parent_is_gone(folder)
 time.sleep(float(os.environ.get("KEEPFAST_TEST_BUILD_DELAY_S", "20")))

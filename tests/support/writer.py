@@ -14,7 +14,7 @@ import sys
 import time
 
 from compiler import GraphStore
-from compiler import atomic
+from compiler.store import atomic
 
 
 def main(source: str, target: str, rounds: int, pause: bool) -> None:

@@ -19,10 +19,7 @@ plainly why the backend is unavailable) where oneflow is not installed.
 """
 
 from .availability import (
-    FLOW_DIFFUSERS_VERSION,
-    flow_diffusers_missing_reason,
-    flow_diffusers_path,
-    oneflow_unavailable_reason,
+    FLOW_DIFFUSERS_VERSION, flow_diffusers_missing_reason, flow_diffusers_path, oneflow_unavailable_reason,
     persist_unavailable_reason,
 )
 

@@ -10,7 +10,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import oneflow
 
-from ...flat_module import CallTemplate
+from ...tracing.flat_module import CallTemplate
 
 
 def flatten_output(output: Any) -> List[Any]:

@@ -4,7 +4,7 @@ ComfyUI's loaders fix most widths of a family from its class (Flux's 24 heads, W
 head count, the text encoders' JSON configs), so a file small enough for this CPU is
 refused by `UNETLoader` and no 4-7 B parameter text encoder runs here. These nodes give
 what those loaders give, built from ComfyUI's own classes at tiny widths
-(`compiler/testing/comfy_families.py`): a ModelPatcher of the family (what UNETLoader
+(`benchmarks/comfy/families.py`): a ModelPatcher of the family (what UNETLoader
 returns) and a CLIP whose encoder returns that family's conditioning (what
 CLIPTextEncode then returns), one token per word of the prompt, seeded by the prompt's text so a
 run with and a run without the pack see the same conditioning. Every other node of a
@@ -23,7 +23,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.
 if _REPO not in sys.path:
     sys.path.append(_REPO)  # appended: ComfyUI's own `nodes` and `utils` stay first
 
-from compiler.testing import comfy_families  # noqa: E402
+from benchmarks.comfy import families as comfy_families  # noqa: E402
 
 _MODELS: dict = {}
 

@@ -1,0 +1,1 @@
+"""When two calls may share a graph: keys, guards, input structures, shape ranges, example calls."""

@@ -1,0 +1,1 @@
+"""Developer tools kept outside the package: see tools/README.md."""

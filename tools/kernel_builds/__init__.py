@@ -1,0 +1,1 @@
+"""Triton build time per kernel configuration against concurrency, on a GPU machine."""
