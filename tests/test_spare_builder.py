@@ -50,7 +50,8 @@ def test_a_spare_imports_what_its_build_reads_and_compiles_with_before_the_build
     """On this 2-core CPU torch.export.load of a small program took 1.05-1.16 s in a process that had imported
     torch only, 0.02 s after these imports: a spare makes them while its caller traces."""
     code = ("import sys, importlib.util; spec = importlib.util.spec_from_file_location('c', sys.argv[1]); "
-            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); import torch; "
+            "run = importlib.util.module_from_spec(spec); spec.loader.exec_module(run); m = run.child_module(); "
+            "import torch; "
             "failed = m._warm_imports(sys.argv[2]); "
             "print(','.join(failed) or '-', all(n in sys.modules for n in m.BUILD_IMPORTS))")
     for kind in ("cpu", "gpu"):
