@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent("""
 
     from compiler import CompileOptions, ShapeRange, compile_module, default_registry
     from compiler.cli import main
-    from compiler.testing import demo
+    from compiler.demo import run as demo
     from compiler.demo.tiny_models import tiny_sd_pipeline
 
 

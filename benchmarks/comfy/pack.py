@@ -29,7 +29,7 @@ def load_pack(pack: str) -> Tuple[str, Dict[str, type]]:
 
 def comfy_with_pack(pack: str, base: str, gpu: bool = False) -> Tuple[str, Dict[str, type]]:
     """ComfyUI on the CPU (on its GPU where `gpu`) with `base` as its --base-directory, the pack loaded as ComfyUI
-    loads it, and the pack's folder on sys.path (for compiler.testing): (package name, node classes by name)."""
+    loads it, and the pack's folder on sys.path (for compiler and benchmarks): (package name, node classes by name)."""
     sys.path.insert(0, os.environ["COMFYUI_PATH"])
     import comfy.cli_args
 

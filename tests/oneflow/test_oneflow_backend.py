@@ -358,7 +358,7 @@ _PLAN_FAILURE_SCRIPT = """
 import torch
 torch.set_num_threads(1)
 from compiler import CompileOptions, GraphRegistry, get_backend
-from compiler.testing import tiny_models
+from compiler.demo import tiny_models
 from compiler.diffusers_api import compile_module
 from compiler.backends.oneflow_backend import OneflowBackend
 OneflowBackend.check_supported = lambda self, module, call: None  # let float16 reach OneFlow's planner
