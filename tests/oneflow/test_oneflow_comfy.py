@@ -58,8 +58,8 @@ except ImportError as error:  # COMFYUI_PATH given: a missing package is a setup
     pytest.fail(f"COMFYUI_PATH={COMFYUI} is set but ComfyUI's model code does not import here: {error} "
                 "(comfy.ldm needs einops, psutil and Pillow next to torch)", pytrace=False)
 
-sys.path.insert(0, str(REPO / "compiler" / "testing"))
-from comfy_models import UNET_CONFIG, _init  # noqa: E402
+sys.path.insert(0, str(REPO))
+from benchmarks.comfy.models import UNET_CONFIG, _init  # noqa: E402
 
 pytestmark = pytest.mark.oneflow
 
