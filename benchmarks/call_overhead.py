@@ -1,9 +1,9 @@
 """How much of a whole-model call of ours is the pack's own work around its graph's run.
 
-Why: the fourth H200 session measured our SD1.5 graph at 0.96x torch.compile's step time. A step of the UNet launches
+Why: on an H200 (torch 2.11+cu130) our SD1.5 graph measured 0.96x torch.compile's step time. A step of the UNet launches
 hundreds of kernels, and the pack's work before the runner (finding the graph, checking the module's weights,
 binding) comes before the first of them. On this 2-core CPU that work took 3.2 ms of each real-depth SD1.5 call,
-2.1 ms after the changes of 2026-11-28 (docs/gpu.md, "Less before the first kernel of each call"); what it takes
+2.1 ms now; what it takes
 on a GPU machine's host is what this measures: the call's wall time (synchronised at its end, as the steady state
 times it) against the time inside `AotGraph.run` (its kernels waited for there, on a GPU), over a few calls at one
 shape.

@@ -1,7 +1,7 @@
 """`python -m compiler bench --device cuda --check --out DIR`: the device check of one GPU in about 7 minutes.
 
-What one lent GPU machine (one H100, 16 cores, no network, a command killed
-after 10 minutes, at most 8 files back) is asked, in one command:
+What one GPU machine is asked, in one command, within a budget fit for a machine
+that kills a command after 10 minutes (one H100, 16 cores, no network, at most 8 files back):
 the real SD1.5 and SDXL UNets in fp16 and the SD VAE decoder (bf16, as
 ComfyUI decodes on GPUs that have it), compiled whole; Flux at full width cut
 to 1 double and 2 single blocks and Wan 2.1 1.3B, in bf16, by blocks. Each
@@ -34,7 +34,7 @@ job's output with its name), bench.png at the end.
 
 `--rehearse --device cpu` runs all of that on a CPU with the quick profile's
 small models (REHEARSAL_PROFILE): the same jobs, processes, limits, budget and
-files, so a first GPU run does not find an import, path or report mistake;
+files, so that a GPU run does not meet an import, path or report mistake;
 its figures are a small CPU's, never a GPU's, and its report says so.
 """
 

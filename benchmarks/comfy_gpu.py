@@ -1,4 +1,4 @@
-"""ComfyUI on a GPU (issue 36, item 5): the pack loaded as ComfyUI loads it, the real SD1.5 UNet and Flux (full
+"""ComfyUI on a GPU: the pack loaded as ComfyUI loads it, the real SD1.5 UNet and Flux (full
 width) in ComfyUI's own classes with random weights, sampled through `comfy.sample` with and without the Model
 Speedup node; then the same under ComfyUI's partial loading (a reserved VRAM size that leaves room for about half
 the model's weights: the rest stay in CPU memory and move in per call).
@@ -84,8 +84,8 @@ def _two_samples(F, family, model, inputs: dict, steps: int, cuda: bool, memory:
     allocations live after the first by the line that made them (gpu_memory.py).
 
     The history covers the first sample only: recording it keeps a Python stack for every allocation, and a partly
-    loaded model allocates for every weight it moves in. The sixth H200 session timed ours' second sample under it
-    and eager's without (SD1.5 partly loaded, ours running eager by design: 102.95 ms a step against 77.87)."""
+    loaded model allocates for every weight it moves in. On an H200 (torch 2.11+cu130) ours' second sample timed under it
+    against eager's without (SD1.5 partly loaded, ours running eager by design: 102.95 ms a step against 77.87)."""
     import torch
 
     if cuda:
@@ -133,7 +133,7 @@ def _replayed(F, family, nodes: dict, registry, inputs: dict, steps: int, cuda: 
               node_inputs: dict) -> Dict[str, Any]:
     """The whole model sampled again through a second Model Speedup with CUDA graph replays on (its graph from
     this process's registry: no compile): the step time against eager's and ours' without replays, the difference
-    from eager's final latent, the replays' captures and reasons (the fifth H200 run: ComfyUI's SD1.5 step took
+    from eager's final latent, the replays' captures and reasons (on an H200, torch 2.11+cu130: ComfyUI's SD1.5 step took
     25.25 ms of wall time for 15.33 ms of kernels, 929 launches; replays in the device check 11.73 ms against 13.02)."""
     import torch
 
@@ -206,7 +206,7 @@ def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, ste
         mark, counts = len(registry.events), dict(registry.log.counts)
         # What ComfyUI saw before each one's samples (free memory: what its partial load fits in) and what it
         # loaded: both must be loaded alike for their step times to compare. Each one's own peak, and under partial
-        # loading what ours left allocated (the fourth H200 run: a peak of 11396 MB for both together, and none
+        # loading what ours left allocated (on an H200: a peak of 11396 MB for both together, and none
         # of the model loaded for ours by the end).
         memory = {"free_mb_before": {}, "loaded_mb": {}, "loaded_mb_after_first": {}, "peak_mb": {},
                   "allocated_mb_by_step": {}}
@@ -219,7 +219,7 @@ def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, ste
         if mode == "partial":
             # Loaded afresh, as eager was: a clone taking over from another's partial load is given the free
             # memory less what the other loaded, and counted that again (comfy/model_management.py
-            # load_models_gpu; the third H200 run's 26 layers left out for ours against eager's 15)
+            # load_models_gpu; on an H200, 26 layers were left out for ours against eager's 15 without it)
             mm.unload_all_models()
         memory["free_mb_before"]["ours"] = _free_mb(mm)
         got_first, first_s, got, ours_ms = _two_samples(F, family, fast, inputs, steps, cuda, memory, "ours",
@@ -249,7 +249,7 @@ def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, ste
                                  for e in events if e.kind == "compile"]
         if cuda and mode == "full":
             # where each one's step time goes: the kernels' time against the wall time, a profiled sample each
-            # (step_profile.py; the fourth H200 run: Flux's blocks 0.94x eager here, 1.26x in the device check)
+            # (step_profile.py; on an H200: Flux's blocks 0.94x eager here, 1.26x in the device check)
             row["step_profile"] = {
                 who: step_profile.profile(lambda m=m: F.sample(family, inputs["positive"], inputs["negative"],
                                                                inputs["latent"], steps=steps, seed=3, model=m),
@@ -260,7 +260,7 @@ def run_model(name: str, package: str, nodes: dict, device: str, tiny: bool, ste
                                            node_inputs)
         if mode == "partial":
             # eager again, after ours and loaded afresh: whether eager's own step time depends on what ran before
-            # (the fourth H200 run: SD1.5's ours ran eager, by design, at 127.97 ms a step against eager's 69.73)
+            # (on an H200: SD1.5's ours ran eager, by design, at 127.97 ms a step against eager's 69.73)
             mm.unload_all_models()
             _, _, _, row["eager_again_step_ms"] = _two_samples(F, family, family.patcher, inputs, steps, cuda,
                                                                memory, "eager_again")

@@ -1,7 +1,7 @@
 """The device check's compiles take turns: one compile at a time on the machine, with every core.
 
-Why: the check runs its jobs in lanes, two or three at once, to fit a lent machine's minutes. On the H200 (fourth
-session, 2026-11-28) our SD1.5 UNet's cold compile ran while the other lane compiled Flux with torch.compile, and
+Why: the check runs its jobs in lanes, two or three at once, to fit a machine's minutes. On an H200
+(2026-11-28) our SD1.5 UNet's cold compile ran while the other lane compiled Flux with torch.compile, and
 torch.compile's SD1.5 compile ran last, alone: 192.6 s against 61.6 s, a ratio of two compiles under different
 loads. A compile (the first call of a cold variant, and a sweep that recompiles) now holds a lock on a file that
 every job of the run shares, so compiles never overlap and each has the machine's cores; eager runs, loads and

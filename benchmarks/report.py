@@ -45,7 +45,7 @@ SHORT = {"torch_compile": "torch.compile", "ours_inductor": "ours (inductor)", "
          "ours_aot_load": "ours (aot, loaded)", "ours_aot_load_cg": "ours (aot, loaded, CUDA graphs)",
          "ours_oneflow": "ours (oneflow)", "torch_compile_blocks": "torch.compile of blocks",
          "ours_blocks": "ours (blocks, cold)", "ours_blocks_load": "ours (blocks, loaded)"}
-# Per transformer model (issue 12): ours = block graphs.
+# Per transformer model: ours = block graphs.
 TRANSFORMER_TARGETS = {
     "cold_compile_ratio_vs_torch_compile": ("cold compile at most 1/5 of whole-model torch.compile's", "<=", 0.2),
     "cold_compile_ratio_vs_torch_compile_blocks": ("cold compile at most torch.compile's of the repeated blocks "
@@ -530,7 +530,7 @@ def markdown(summary: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# Eager's median for one shape in two processes of one run differing by more than this (the third H200 run:
+# Eager's median for one shape in two processes of one run differing by more than this (on an H200:
 # 50.91 ms in one, 28.85-30.25 in the others) makes a ratio of ratios against torch.compile unreliable.
 EAGER_SPREAD_LIMIT = 1.25
 

@@ -1,9 +1,8 @@
 """Whether a graph keeps weights its model let go: each Parameter replaced by a copy, a call, again, then the
 originals back (what ComfyUI's LoRA patching and unpatching do), with the memory held before and after.
 
-Why: torch's AOTInductor runtime kept every weight bound to a package by pointer once it was let go (the fourth
-H200 session's partly loaded Flux peaked at 11396 MB for a 1311 MB model; docs/gpu.md, "Weights a graph's runner
-kept for good"). The pack now binds views that do not own the memory (backends/borrowed_weights.py); this measures
+Why: torch's AOTInductor runtime kept every weight bound to a package by pointer once it was let go (on an
+H200, a partly loaded Flux peaked at 11396 MB for a 1311 MB model). The pack now binds views that do not own the memory (backends/borrowed_weights.py); this measures
 it where the check runs: the replaced weights still alive after the calls (by their storages, on any device), and
 on a GPU the memory allocated before and after.
 """

@@ -554,7 +554,7 @@ def _print_stacks_later(seconds: float, waited: Optional[Callable[[], float]] = 
     """Print every thread's Python stack after `seconds` of the job's own time (its waits for a turn at compiling,
     `waited()`, left out, as the runner's limit leaves them out), from a Python thread (holding the GIL).
 
-    Not faulthandler.dump_traceback_later: on the lent H100 (2026-11-27) two jobs, in Inductor's compile, died
+    Not faulthandler.dump_traceback_later: on an H100 (torch 2.11+cu130) two jobs, in Inductor's compile, died
     with SIGSEGV within 0.2 s of its dump (frames "<shim>" and "<interpreter trampoline>" in it): it reads other
     threads' frames without the GIL. This waits for the GIL instead, so a thread that holds it delays the
     stacks; that thread's own stack is then printed as it is when it lets go."""

@@ -68,7 +68,7 @@ def test_summary_has_the_headline_keys_and_the_raw_times_behind_them():
 
 
 def test_a_ratio_against_torch_compile_through_eagers_that_differ_between_processes_is_not_called_met():
-    """The third H200 run: eager 50.91 ms in our process, 28.85 ms in torch.compile's; the ratio of ratios said 1.22x
+    """On an H200: eager 50.91 ms in our process, 28.85 ms in torch.compile's; the ratio of ratios said 1.22x
     while ours took 22.53 ms against torch.compile's 15.62."""
     jobs = _jobs()
     loaded = next(job for job in jobs if job["variant"] == "ours_aot_load")
@@ -90,7 +90,7 @@ def test_a_ratio_against_torch_compile_through_eagers_that_differ_between_proces
 
 
 def test_a_third_process_whose_eager_differed_leaves_the_pair_that_agreed_measured():
-    """The fourth H200 run: eager 45.64 ms in our loaded graph's process and 46.24 in torch.compile's, 29.72 in the
+    """On an H200: eager 45.64 ms in our loaded graph's process and 46.24 in torch.compile's, 29.72 in the
     CUDA graph replays' process; ours against torch.compile (21.85 against 21.30 ms) is a measure, NOT met."""
     jobs = _jobs()
     for job in jobs:

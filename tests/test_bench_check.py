@@ -369,7 +369,7 @@ def test_each_configuration_runs_in_a_process_of_its_own_and_the_run_writes_at_m
 
 def test_a_job_near_its_limit_prints_the_stacks_from_a_python_thread(capsys):
     """Not faulthandler's later dump, which read other threads' frames without the GIL and was followed by SIGSEGV
-    in two jobs on the lent H100: the stacks come from a Python thread, the waiting thread's own frame in them."""
+    in two jobs on an H100: the stacks come from a Python thread, the waiting thread's own frame in them."""
     from benchmarks import worker
 
     def _waiting_here():

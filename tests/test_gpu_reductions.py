@@ -1,8 +1,8 @@
-"""compiler/build_process/gpu_reductions.py: no persistent reduction over a dynamic size, Inductor's own decision for any
-other, in the build's thread only.
+"""compiler/build_process/gpu_reductions.py: no persistent reduction over a dynamic size, Inductor's own decision
+for any other, in the build's thread only.
 
 Why: on the H200 the SD1.5 UNet's persistent reductions over dynamic sizes took 332 of its 422 kernel build seconds
-(one kernel 80 s; docs/gpu.md, "Sixth H200 session"); a reduction over a fixed size (a layer norm over channels)
+(one kernel 80 s; torch 2.11+cu130); a reduction over a fixed size (a layer norm over channels)
 builds as fast as torch.compile's and is what Inductor found fastest, so only the first kind is left out.
 """
 

@@ -1,7 +1,7 @@
 """A package is loaded in this process only once one loaded in another process of this machine
 (compiler/backends/loader_check.py).
 
-On the lent H100 (torch 2.11+cu130, 2026-11-27) torch's AOTInductor loader killed every process that loaded a
+On an H100 (torch 2.11+cu130) torch's AOTInductor loader killed every process that loaded a
 CUDA package, torch's own example included. This machine has no GPU: KEEPFAST_LOADER_CHECK=all applies the check
 to CPU packages, and the crash is made by replacing torch's loader with one that sends SIGSEGV, in the child
 processes only (tests/support/crashing_loader.py). What is checked: the test process survives every crash, the
