@@ -1,14 +1,14 @@
 """How a machine's Triton build time per kernel configuration changes with how many builds run at once.
 
-Why: on a lent H200 machine our AOTInductor build of the SD1.5 UNet (dynamic sizes) spent 0.77 s per Triton
-configuration in its compile workers (3 build processes x 5 workers at once) against torch.compile's 0.18 s on
-the same machine, while one-at-a-time builds of the same kernels on a 2-core CPU cost 0.117 s (dynamic) and
-0.092 s (static). Kernel content explains little; the suspicion is the host: SMT siblings, clock, a cgroup quota.
-This builds the same kernel configurations (kernel_sources.py writes them) at 1, 4, 8 and 16 concurrent worker
+Why: an AOTInductor build of the SD1.5 UNet with dynamic sizes on an H200 (torch 2.11.0+cu130, 2026-11-28) spent
+0.77 s per Triton configuration in its compile workers (3 build processes x 5 workers at once) against
+torch.compile's 0.18 s on the same machine, while one-at-a-time builds of the same kernels on a 2-core CPU cost
+0.117 s (dynamic) and 0.092 s (static). This tells the host (SMT siblings, clock, a cgroup quota) from the kernels:
+it builds the same kernel configurations (kernel_sources.py writes them) at 1, 4, 8 and 16 concurrent worker
 processes, plus the static-size kernels at 1, and records the machine's CPU topology, within a time budget.
-On the H200 (2026-11-28, sixth session) it answered: 0.117 s a configuration at 1, 0.144 s at 16 (1.22x), on 16
-cores with one thread each and no quota. Not the host: the cause was a few persistent reductions of the GPU's own
-kernels, 80 s the slowest (docs/gpu.md, "Sixth H200 session"; compiler/build_process/gpu_reductions.py).
+On that H200: 0.117 s a configuration at 1, 0.144 s at 16 (1.22x), on 16 cores with one thread each and no quota.
+So not the host: the cause was a few persistent reductions over dynamic sizes, 80 s the slowest kernel
+(docs/gpu.md, "What the pack does on a GPU"; compiler/build_process/gpu_reductions.py).
 
     python -m tools.kernel_builds.kernel_builds --sources .kernels/sd15_kernels.json --out DIR \
         [--configs 64] [--concurrency 1,4,8,16] [--target cuda:90] [--budget-s 60]

@@ -1,9 +1,9 @@
 """Inductor's Triton kernel sources for a model, written on a CPU, to be built for a GPU elsewhere (kernel_builds.py).
 
-Why: the H200 AOTInductor build of the SD1.5 UNet spent 4x longer per Triton configuration than torch.compile on
+Why: an AOTInductor build of the SD1.5 UNet on an H200 spent 4x longer per Triton configuration than torch.compile on
 the same machine, while one-at-a-time builds of the same kernels on a CPU differ by 1.27x between static and
-dynamic sizes. To tell kernel content from machine contention, the lent GPU machine must build a fixed set of
-kernels at several concurrencies, with no diffusers, no network and a ~40 s budget. So the kernels are made here:
+dynamic sizes. To tell kernel content from machine contention, a GPU machine builds a fixed set of kernels at
+several concurrencies, with no diffusers, no network and a ~40 s budget. So the kernels are made on a CPU machine:
 
 - a fake Triton driver lets Inductor run with `cpu_backend = "triton"` on a CPU-only machine;
 - `AsyncCompile.triton` is replaced to record each kernel's name and source instead of building it;
