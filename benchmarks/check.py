@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from compiler.build_process import conv_layout
+from compiler.settings import BUILD_PROCESSES, CONV_LAYOUT, get as setting_text
 from . import models as M
 from . import report
 from .compile_turns import COMPILING
@@ -179,7 +179,7 @@ def core_share(lanes: int, cores: Optional[int] = None) -> Dict[str, str]:
     if lanes <= 1:
         return {}
     share = str(max(1, (cores or os.cpu_count() or 1) // lanes))
-    return {"TORCHINDUCTOR_COMPILE_THREADS": share, "KEEPFAST_BUILD_PROCESSES": share}
+    return {"TORCHINDUCTOR_COMPILE_THREADS": share, BUILD_PROCESSES.name: share}
 
 
 # -- the summary of the check -----------------------------------------------------------------------------------
@@ -380,7 +380,7 @@ def execute(out: Path, device: str, jobs: List[CheckJob], budget_s: float, lanes
                         "weights",
         **machine_meta(device, started),
         # Our GPU graphs' convolution layout (compiler/build_process/conv_layout.py): asked for, or Inductor's choice
-        "conv_layout": os.environ.get(conv_layout.ENV) or "Inductor's choice (NCHW for a dynamic-size graph)",
+        "conv_layout": setting_text(CONV_LAYOUT) or "Inductor's choice (NCHW for a dynamic-size graph)",
     }
     if rehearsal:
         meta.update(profile=REHEARSAL_PROFILE, quick=True,

@@ -44,6 +44,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from compiler.settings import TRUST_FILE
 from .fresh_machine import FreshMachine
 from .models import COMFY_MODES as MODES
 
@@ -372,7 +373,7 @@ def run_comfy(work: Path, quick: bool = False, keep: bool = False, modes=MODES,
         cache = work / f"comfy-cache-{mode}"
         shutil.rmtree(cache, ignore_errors=True)
         cache.mkdir(parents=True)
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "KEEPFAST_TRUST_FILE": str(trust),
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), TRUST_FILE.name: str(trust),
                "PYTHONUNBUFFERED": "1"}
         machine = FreshMachine(work / "comfy-fresh-machine").setup() if mode == "ours_fresh" else None
         if machine is not None:

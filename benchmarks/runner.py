@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from compiler.settings import TRUST_FILE
 from . import compile_turns
 from . import models as M
 from . import report
@@ -152,7 +153,7 @@ def machine_meta(device: str, started: float) -> Dict[str, Any]:
 
 def job_env(work: Path) -> Dict[str, str]:
     """The environment of a job process: the run's own trust list, unbuffered output, this checkout importable."""
-    return {**os.environ, "KEEPFAST_TRUST_FILE": str(work / "trusted.json"), "PYTHONUNBUFFERED": "1",
+    return {**os.environ, TRUST_FILE.name: str(work / "trusted.json"), "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                                          if p])}
 

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
+from compiler.settings import GGUF_PATH, TRUST_FILE, gguf_path
 from .comfy_e2e import comfyui_python
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +47,7 @@ WEIGHT_LABELS = {"gguf-q8": "GGUF Q8_0 (ComfyUI-GGUF)", "gguf-q4": "GGUF Q4_K (C
                  "fp8": "fp8 scaled (ComfyUI's mixed-precision ops)"}
 VARIANT_LABELS = {"eager": "eager (no node)", "torch_compile": "TorchCompileModel (inductor)",
                   "ours": "KeepFastModelSpeedup (block graphs)"}
-GGUF_ENV = "KEEPFAST_GGUF_PATH"
+GGUF_ENV = GGUF_PATH.name
 MODEL = "flux"  # the only model this part runs (comfy_quantised's 256-wide tiny Flux)
 
 
@@ -90,7 +91,7 @@ def skip_reason(weights: str, env: Dict[str, str]) -> Optional[str]:
     if not (Path(root) / "main.py").is_file():
         return f"COMFYUI_PATH={root} has no main.py"
     if weights.startswith("gguf"):
-        path = env.get(GGUF_ENV, "")
+        path = gguf_path(env)
         if not path:
             return f"{GGUF_ENV} is not set (point it at a ComfyUI-GGUF checkout, github.com/city96/ComfyUI-GGUF)"
         if not (Path(path) / "nodes.py").is_file():
@@ -174,10 +175,10 @@ def run_weights(work: Path, weights: Sequence[str], quick: bool = False, variant
         results: Dict[str, Any] = {}
         for variant in order:
             job = {"weights": kind, "qtype": QTYPES[kind], "variant": variant, "config": config,
-                   "pack": str(REPO), "base": str(folder), "gguf_path": env.get(GGUF_ENV, ""),
+                   "pack": str(REPO), "base": str(folder), "gguf_path": gguf_path(env),
                    "model_file": str(folder / f"{MODEL}-{QTYPES[kind]}.gguf"),
                    "reference": str(folder / "eager-outputs.pt")}
-            job_env = {**env, "KEEPFAST_TRUST_FILE": str(folder / "trusted.json")}
+            job_env = {**env, TRUST_FILE.name: str(folder / "trusted.json")}
             result = run_job(job, work, python, job_env, timeout)
             if variant not in variants:
                 result["reference_only"] = True  # run for its outputs; not asked for

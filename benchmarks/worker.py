@@ -560,7 +560,7 @@ def _print_stacks_later(seconds: float, waited: Optional[Callable[[], float]] = 
     stacks; that thread's own stack is then printed as it is when it lets go."""
     import threading
 
-    from compiler.build_process.child import other_threads_stacks
+    from compiler.build_process.stack_reports import other_threads_stacks
 
     def dump() -> None:
         lines = [f"Stacks after {seconds:.0f} s (the time limit is near):"] + other_threads_stacks()
@@ -577,10 +577,10 @@ def _print_stacks_later(seconds: float, waited: Optional[Callable[[], float]] = 
 
 
 def print_build_stacks() -> None:
-    """The last stacks each of this job's build processes reported (build_process.child._report_stacks)."""
-    from compiler.build_process.child import STACKS_ENV
+    """The last stacks each of this job's build processes reported (build_process.stack_reports._report_stacks)."""
+    from compiler.settings import build_stacks
 
-    folder = os.environ.get(STACKS_ENV)
+    folder = build_stacks()
     for path in sorted(Path(folder).glob("build-*.txt")) if folder else ():
         try:
             print(path.read_text(), file=sys.stderr, flush=True)
@@ -596,11 +596,12 @@ def main(argv: List[str]) -> int:
         import faulthandler
         import tempfile
 
-        from compiler.build_process.child import STACKS_ENV
+        from compiler.settings import BUILD_STACKS
 
         faulthandler.enable()  # a crash prints the stacks as it happens
-        os.environ[STACKS_ENV] = tempfile.mkdtemp(prefix="keepfast-build-stacks-")  # the build processes inherit it
-        atexit.register(shutil.rmtree, os.environ[STACKS_ENV], True)
+        stacks = tempfile.mkdtemp(prefix="keepfast-build-stacks-")
+        os.environ[BUILD_STACKS.name] = stacks  # the build processes inherit it
+        atexit.register(shutil.rmtree, stacks, True)
         _print_stacks_later(float(job["dump_after_s"]), lambda: waited_seconds(job["turn_waits"]))
     checkpoint = (lambda result: _write(partial_path(result_path), result)) if job.get("checkpoints") else \
         (lambda result: None)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -181,7 +180,8 @@ def _graphs_warm_up(args) -> int:
     starts, serving eager where no graph came)."""
     from .remote import NotAModel, pull, remote_library_url, selector_for_path
     from .remote.select import selectors_union
-    from .remote.warmup import REMOTE_LIBRARY_ENV, UNSIGNED_ENV
+    from .remote.warmup import REMOTE_LIBRARY_ENV
+    from .settings import remote_unsigned
 
     url = remote_library_url()
     if url is None:
@@ -192,7 +192,7 @@ def _graphs_warm_up(args) -> int:
     except NotAModel as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    result = pull(url, Path(args.dir), selector, accept_unsigned=os.environ.get(UNSIGNED_ENV, "") == "1")
+    result = pull(url, Path(args.dir), selector, accept_unsigned=remote_unsigned())
     for outcome in result.refused:
         print(f"refused {outcome.name}: {outcome.reason}", file=sys.stderr)
     print(f"warm-up: {result.summary()}", file=sys.stderr if result.error else sys.stdout)
@@ -202,11 +202,12 @@ def _graphs_warm_up(args) -> int:
 def _graphs_push(args) -> int:
     from .remote import SigningKeyError, push
     from .remote.signing import SIGNING_KEY_ENV
+    from .settings import signing_key
 
     store = _open_store(args.dir)
     if store is None:
         return 2
-    key = args.key or os.environ.get(SIGNING_KEY_ENV)
+    key = args.key or signing_key()
     if not key:
         print(f"error: push signs every graph: give --key KEYFILE or set ${SIGNING_KEY_ENV} "
               "(make a key with: python -m compiler graphs keygen KEYFILE)", file=sys.stderr)

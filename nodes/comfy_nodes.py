@@ -8,8 +8,8 @@ from comfy_api.latest import ComfyExtension, io
 
 from ..compiler import DEFAULT_BACKEND, backend_names
 from .sizes import parse_batch_sizes, parse_resolutions
-from . import operations, runtime
-from .operations import Report
+from . import graph_loading, operations, reports, runtime
+from .reports import Report
 from .unet import Settings
 
 CATEGORY = "KeepFast"
@@ -207,7 +207,7 @@ class KeepFastLoadGraph(io.ComfyNode):
             "Graph, one graph, or every stored graph that fits. A graph of another architecture, dtype, torch "
             "version or device is refused with the reason; the workflow goes on (compiling, or uncompiled).",
             [
-                io.Combo.Input("graph", options=operations.graph_choices(), default=operations.AUTO),
+                io.Combo.Input("graph", options=graph_loading.graph_choices(), default=graph_loading.AUTO),
                 io.Boolean.Input("compile_if_missing", default=True,
                                  tooltip="Compile calls no loaded graph serves; off: they run uncompiled."),
                 io.Boolean.Input("trust_graph", default=False,
@@ -226,7 +226,7 @@ class KeepFastLoadGraph(io.ComfyNode):
     def execute(cls, graph, compile_if_missing, trust_graph, model=None, vae=None, library="") -> io.NodeOutput:
         runtime.setup()
         report = Report(f"KeepFast Load Graph '{graph}'")
-        model_out, vae_out = operations.load(model, vae, graph, compile_if_missing, trust_graph, report,
+        model_out, vae_out = graph_loading.load(model, vae, graph, compile_if_missing, trust_graph, report,
                                              library=library)
         return _reported(model_out, vae_out, report)
 
@@ -291,7 +291,7 @@ class KeepFastGraphStats(io.ComfyNode):
     @classmethod
     def execute(cls, after=None) -> io.NodeOutput:
         runtime.setup()
-        text = operations.stats_text()
+        text = reports.stats_text()
         return io.NodeOutput(text, ui=_ui(text))
 
 

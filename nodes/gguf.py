@@ -38,8 +38,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
-from ..compiler.blocks.quantised import CallTensors, StoredWeights
-from ..compiler.tracing.flat_module import MODULE_PREFIX
+from ..compiler import MODULE_PREFIX, CallTensors, StoredWeights
 
 DELTA = "keepfast_delta"  # the graph weight of a quantised Linear's patch sum (`m.<path>.keepfast_delta`)
 

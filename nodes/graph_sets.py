@@ -12,8 +12,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, List
 
-from ..compiler.store.atomic import write_bytes
-from ..compiler.store.graph_store import safe_part
+from ..compiler import safe_path_part, write_file_atomically
 
 SET_FORMAT = "keepfast-graph-set"
 SET_FORMAT_VERSION = 1
@@ -28,7 +27,7 @@ def set_file_name(name: str) -> str:
     if name.endswith(".json"):
         name = name[: -len(".json")]
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._-") or "keepfast"
-    return safe_part(name) + ".json"
+    return safe_path_part(name) + ".json"
 
 
 def write_graph_set(root: Path | str, name: str, graphs: Iterable[str], note: str = "") -> Path:
@@ -42,7 +41,7 @@ def write_graph_set(root: Path | str, name: str, graphs: Iterable[str], note: st
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes(path, (json.dumps(payload, indent=1, sort_keys=True) + "\n").encode())
+    write_file_atomically(path, (json.dumps(payload, indent=1, sort_keys=True) + "\n").encode())
     return path
 
 

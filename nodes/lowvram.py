@@ -36,9 +36,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from ..compiler.blocks.quantised import CallTensors, subclass_parts
-from ..compiler.machine.environment import dtype_name
-from ..compiler.tracing.flat_module import MODULE_PREFIX
+from ..compiler import MODULE_PREFIX, CallTensors, dtype_name, subclass_parts
 
 PATCHED_ON_THE_FLY = ("its weights are patched on the fly (the model is only partly loaded: low-VRAM mode "
                       "applies LoRA per call)")

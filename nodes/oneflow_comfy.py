@@ -35,8 +35,8 @@ from typing import Dict, Iterator, Optional
 
 import torch
 
-from ..compiler.backends.oneflow_support import clone, isolation, shims
-from ..compiler.backends.oneflow_support.convert import ConversionError, register_converter
+from ..compiler import (CloneRefused, ConversionError, FlowPackage, clone_module, flow_attention, flow_copies,
+                        flow_copy_missing, flow_dtype, register_converter, register_flow_package)
 
 log = logging.getLogger("keepfast")
 
@@ -69,7 +69,7 @@ def model_management_stand_in(real: types.ModuleType) -> types.ModuleType:
 
     def force_upcast_attention_dtype():
         upcast = real.force_upcast_attention_dtype() if real is not None else None
-        return None if upcast is None else {clone.flow_dtype(k): clone.flow_dtype(v) for k, v in upcast.items()}
+        return None if upcast is None else {flow_dtype(k): flow_dtype(v) for k, v in upcast.items()}
 
     stand_in.force_upcast_attention_dtype = force_upcast_attention_dtype
     if real is not None:
@@ -100,7 +100,7 @@ def _stand_ins(real: Dict[str, types.ModuleType]) -> Dict[str, types.ModuleType]
     return {"comfy.model_management": model_management_stand_in(real.get("comfy.model_management"))}
 
 
-PACKAGE = isolation.FlowPackage(
+PACKAGE = FlowPackage(
     root=ROOT, shared=SHARED, stand_ins=_stand_ins, blocked=("comfy_kitchen",),
     preload=("einops", "psutil", "numpy", "PIL.Image", "safetensors", "safetensors.torch"),
 )
@@ -131,7 +131,7 @@ def _proxy_aware_isinstance():
 def _prepare_copy() -> None:
     """Inside active(): OneFlow's attention for the copy's ops, proxy-aware isinstance in its modules."""
     ops = importlib.import_module(_OPS_MODULE)
-    ops.scaled_dot_product_attention = shims.scaled_dot_product_attention
+    ops.scaled_dot_product_attention = flow_attention
     for module_name in ("comfy.ldm.modules.diffusionmodules.openaimodel", "comfy.ldm.modules.attention",
                         "comfy.ldm.modules.diffusionmodules.model"):
         importlib.import_module(module_name)
@@ -196,13 +196,13 @@ class ComfyConverter:
 
     def build(self, module: torch.nn.Module):
         try:
-            with _copy_logs_to_debug(), isolation.active() as roots:
+            with _copy_logs_to_debug(), flow_copies() as roots:
                 if ROOT not in roots:
-                    raise ImportError(isolation.IMPORT_ERRORS.get(ROOT, "it is not importable here"))
+                    raise ImportError(flow_copy_missing(ROOT))
                 _prepare_copy()
-                return clone.clone_module(module, ROOT, refuse=_weights_cast_on_the_fly,
+                return clone_module(module, ROOT, refuse=_weights_cast_on_the_fly,
                                           plain_layer=_is_comfy_ops_layer, path=type(module).__name__)
-        except clone.CloneRefused as error:
+        except CloneRefused as error:
             raise ConversionError(f"{type(module).__name__} cannot run on OneFlow: {error}") from None
         except ImportError as error:
             raise ConversionError(f"ComfyUI's comfy package does not import under OneFlow: {error}") from error
@@ -210,5 +210,5 @@ class ComfyConverter:
 
 def register() -> None:
     """Make the oneflow backend build ComfyUI's models (idempotent; imports nothing heavy)."""
-    isolation.register_package(PACKAGE)
+    register_flow_package(PACKAGE)
     register_converter(ComfyConverter())

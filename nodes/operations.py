@@ -1,54 +1,21 @@
-"""What the nodes do, apart from their schemas: speed up, save, load, warm up, report."""
+"""What the speedup, Warmup Graphs and Save Graph nodes do, apart from their schemas (comfy_nodes.py).
+
+Load Graph's work is in graph_loading.py, what a node shows in reports.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from pathlib import Path
-from typing import Any, Iterable, List, Optional, Tuple
+from typing import List, Tuple
 
-from ..compiler import DEFAULT_BACKEND, CompiledForward, GraphRefused, StoreError, get_backend
-from ..compiler.blocks import BlockEngine
-from ..compiler.store.library import GraphLibrary, trust as trust_graph
-from ..compiler.store.manifest import MANIFEST_SUFFIX
-from ..compiler.store.registry import REFUSED
-from ..compiler.store.graph_store import GraphStore, MultiRootStore
+from ..compiler import (DEFAULT_BACKEND, BlockEngine, CompiledForward, GraphLibrary, MultiRootStore, StoreError,
+                        get_backend)
 from . import runtime, unet, vae as vae_side
-from .graph_sets import GraphSetError, graph_set_entries, read_json, set_file_name, write_graph_set
+from .graph_sets import set_file_name, write_graph_set
+from .reports import Report
 from .sizes import clamp
 from .unet import Settings
 
-AUTO = "(every stored graph that fits)"
 DEFAULT_SIZE = 512
-
-
-class Report:
-    """The lines a node shows, plus the registry's messages (compiles, loads, fallbacks) since it started."""
-
-    def __init__(self, title: str):
-        self.title = title
-        self.lines: List[str] = []
-        self.started = time.time()
-
-    def add(self, line: str) -> None:
-        self.lines.append(line)
-
-    def text(self) -> str:
-        events = runtime.describe(runtime.messages_since(self.started))
-        body = self.lines + ([""] + ["during this node:"] + events if events else [])
-        return "\n".join([self.title] + ["- " + line if line else "" for line in body])
-
-
-def graph_choices() -> List[str]:
-    """AUTO, then graph sets and manifests in the graphs folders (names as folder_paths lists them)."""
-    import folder_paths
-
-    try:
-        runtime.register_graphs_folder()
-        names = folder_paths.get_filename_list(runtime.FOLDER)
-    except Exception:
-        names = []
-    return [AUTO] + sorted(n for n in names if n.endswith(MANIFEST_SUFFIX))
 
 
 # -- speeding up -------------------------------------------------------------------
@@ -179,7 +146,7 @@ def _ensure_vae(vae, sizes, batches):
     return vae_side.speed_up(vae, wanted)
 
 
-def _backend_of(model, vae) -> str:
+def backend_of(model, vae) -> str:
     """The backend a speedup node upstream chose (the default when there is none)."""
     runner = (unet.runner_of(model) if model is not None else None) or (
         vae_side.runner_of(vae) if vae is not None else None)
@@ -191,7 +158,7 @@ def _backend_of(model, vae) -> str:
 def warm(model, vae, sizes: List[Tuple[int, int]], batches: List[int], report: Report,
          vae_ops: Tuple[str, ...] = ("decode",)):
     """Make sure graphs serve each size and batch; returns the (sped-up) model and VAE."""
-    unavailable = runtime.compile_unavailable(_backend_of(model, vae))
+    unavailable = runtime.compile_unavailable(backend_of(model, vae))
     if unavailable:
         report.add(f"compiling is unavailable here ({unavailable}); nothing was compiled")
         return model, vae
@@ -203,7 +170,7 @@ def warm(model, vae, sizes: List[Tuple[int, int]], batches: List[int], report: R
         calls, why = ([], None) if engine is not None else runner.example_calls(model_out, sizes, batches)
         if engine is not None:
             unet.load_to_device(model_out)
-            _prepare_blocks(runner, engine, report)
+            prepare_blocks(runner, engine, report)
         if why:
             report.add(why)
         if calls:
@@ -243,7 +210,7 @@ def _chunk_label(call) -> str:
 
 def save(model, vae, name: str, report: Report):
     """Compile (if needed) and write every graph of the model and VAE, plus the set `<name>.json`."""
-    unavailable = runtime.compile_unavailable(_backend_of(model, vae))
+    unavailable = runtime.compile_unavailable(backend_of(model, vae))
     if unavailable:
         report.add(f"compiling is unavailable here ({unavailable}); nothing was saved")
         return model, vae
@@ -256,7 +223,7 @@ def save(model, vae, name: str, report: Report):
         engine = runner.block_engine(model_out.get_model_object("diffusion_model"))
     if engine is not None:
         unet.load_to_device(model_out)
-        _prepare_blocks(runner, engine, report)
+        prepare_blocks(runner, engine, report)
         saved += _save_blocks(engine, store, report)
     elif model is not None:
         s = runner.settings
@@ -290,7 +257,7 @@ def save(model, vae, name: str, report: Report):
     return model_out, vae_out
 
 
-def _prepare_blocks(runner: unet.UnetRunner, engine: BlockEngine, report: Report, force: bool = False) -> None:
+def prepare_blocks(runner: unet.UnetRunner, engine: BlockEngine, report: Report, force: bool = False) -> None:
     """Find, load or compile every block structure's graph now (no image needed)."""
     started = time.perf_counter()
     runner.prepare_blocks(engine, force=force, ahead_of_time=True)  # Save, Load, Warmup: graphs, not images
@@ -341,206 +308,3 @@ def _save_forward(what: str, forward: CompiledForward, calls, store: MultiRootSt
         report.add(f"{what}: saved {stored.name} ({graph.nbytes / 1e6:.1f} MB, range "
                    f"{graph.key.shape_range.describe()})")
     return names
-
-
-# -- loading --------------------------------------------------------------------------
-
-def load(model, vae, choice: str, compile_on_miss: bool, trust: bool, report: Report, library: str = ""):
-    """Serve the model and VAE from stored graphs, loaded now; refusals are reported, never raised.
-
-    `library` (else $KEEPFAST_REMOTE_LIBRARY): a remote graph library (docs/fleet.md) whose graphs of these
-    models that fit this machine are pulled into the first graphs folder first."""
-    unavailable = runtime.compile_unavailable(_backend_of(model, vae))
-    if unavailable:
-        report.add(f"graphs cannot run here ({unavailable}); the model and VAE pass through unchanged")
-        return model, vae
-    settings = Settings(compile_on_miss=compile_on_miss)
-    targets = []
-    engine = None
-    model_out, vae_out = model, vae
-    if model is not None:
-        runner = unet.runner_of(model)
-        model_out, runner = unet.speed_up(
-            model, dataclasses.replace(runner.settings, compile_on_miss=compile_on_miss) if runner else settings)
-        module = model_out.get_model_object("diffusion_model")
-        engine = runner.block_engine(module)
-        if engine is None:
-            forward = runner.forward_for(module)
-            targets.append(("model", type(module).__name__, forward.structure(),
-                            lambda signature, m=model_out: unet.family_here(m, signature)))
-    if vae is not None:
-        vrunner = vae_side.runner_of(vae)
-        vae_settings = (dataclasses.replace(vrunner.settings, compile_on_miss=compile_on_miss) if vrunner
-                        else settings)
-        try:
-            vae_out, vrunner = vae_side.speed_up(vae, vae_settings)
-        except ValueError as error:
-            report.add(f"VAE: {error}")
-        else:
-            structures = set()
-            for op in vae_side.OPS:  # one structure for both (the autoencoder), or one per chunk module
-                structure = vrunner.forwards[op].structure()
-                if structure not in structures:
-                    structures.add(structure)
-                    targets.append(("VAE", type(vrunner.forwards[op].module).__name__, structure,
-                                    lambda signature, op=op, r=vrunner: r.family_here(signature, op)))
-    block_structures = {group.structure for group in engine.groups} if engine is not None else set()
-    _pull(library, block_structures | {structure for _, _, structure, _ in targets}, report)
-    if engine is not None:
-        _load_blocks(runner, model_out, engine, choice, trust, report)
-    if not targets:
-        if engine is None:
-            report.add("connect a MODEL and/or a VAE to load graphs for")
-        return model_out, vae_out
-    store = runtime.store()
-    served_by_blocks = {group.structure for group in engine.groups} if engine is not None else set()
-    for where, name, problem in _chosen(store, choice, targets, report):
-        if problem:
-            _refuse(f"{name}: {problem}", report)
-            continue
-        _load_one(where, name, targets, trust, report, skip=served_by_blocks)
-    return model_out, vae_out
-
-
-def _pull(library: str, structures: set, report: Report) -> None:
-    """Pull these structures' graphs that fit here from the remote library, if one is named (never raises:
-    a library that cannot be read is reported and the node goes on with what the graphs folder has)."""
-    from ..compiler import remote
-
-    url = library.strip() or remote.remote_library_url()
-    if not url or not structures:
-        return
-    store = runtime.store()
-    result = remote.pull_for(url, store.root, structures=structures, trust=store.trust)
-    report.add(result.summary())
-    for outcome in result.refused:
-        report.add(f"{outcome.name} refused: {outcome.reason}")
-
-
-def _load_blocks(runner: unet.UnetRunner, model, engine: BlockEngine, choice: str, trust: bool,
-                 report: Report) -> None:
-    """Block graphs: each block structure finds its graph in the graphs folders (trusted first, if asked)."""
-    store = runtime.store()
-    if trust:
-        structures = {group.structure for group in engine.groups}
-        targets = [("model", group.class_name, group.structure, None) for group in engine.groups]
-        for where, name, problem in _chosen(store, choice, targets, report):
-            if problem:
-                _refuse(f"{name}: {problem}", report)
-                continue
-            try:
-                stored = where.get(name)
-            except (GraphRefused, ValueError, OSError) as error:
-                _refuse(f"{name}: {error}", report)
-                continue
-            if stored.manifest.key.family.structure not in structures:
-                continue
-            if not where.trust.is_trusted(stored.manifest.package_sha256):
-                try:
-                    trust_graph(where, stored, f"trusted in the Load Graph node ({stored.manifest_path})")
-                except GraphRefused as error:
-                    _refuse(f"{name}: {error}", report)
-                    continue
-                report.add(f"{stored.name} added to the trust list ({where.trust.path})")
-    unet.load_to_device(model)
-    _prepare_blocks(runner, engine, report, force=True)
-
-
-def _chosen(store: MultiRootStore, choice: str, targets, report: Report) -> Iterable[Tuple[GraphStore, str, Optional[str]]]:
-    """(store, graph name, problem) for each graph the choice names."""
-    if choice == AUTO or not choice:
-        structures = {structure for _, _, structure, _ in targets}
-        matched = 0
-        for where, path, stored, problem in store.all_graphs():
-            name = f"{path.parent.name}/{path.stem}"
-            if stored is None:
-                report.add(f"ignored {name}: {problem}")
-                continue
-            if stored.manifest.key.family.structure in structures:
-                matched += 1
-                yield where, name, None
-        if not matched:
-            report.add("no stored graph fits this model or VAE")
-        return
-    import folder_paths
-
-    full = folder_paths.get_full_path(runtime.FOLDER, choice)
-    if full is None:
-        yield store, choice, f"not found in the graphs folders ({', '.join(map(str, store.roots))})"
-        return
-    try:
-        where, relative = store.store_for(Path(full))
-    except ValueError as error:
-        yield store, choice, str(error)
-        return
-    if "/" not in relative:  # a file at the top of a graphs folder: a graph set
-        try:
-            entries = graph_set_entries(read_json(full), choice)
-        except GraphSetError as error:
-            yield where, choice, f"{error} (graph sets are written by Save Graph; graphs are FOLDER/GRAPH.json)"
-            return
-        report.add(f"graph set {choice}: {len(entries)} graphs")
-        for entry in entries:
-            yield where, entry, None
-        return
-    yield where, relative, None
-
-
-def _refuse(text: str, report: Report, family: Any = "-") -> None:
-    runtime.registry().record(REFUSED, family, f"Load Graph: {text}")
-    report.add(f"refused {text}")
-
-
-def _load_one(where: GraphStore, name: str, targets, trust: bool, report: Report, skip=frozenset()) -> None:
-    try:
-        stored = where.get(name)
-    except (GraphRefused, ValueError, OSError) as error:
-        _refuse(f"{name}: {error}", report)
-        return
-    family = stored.manifest.key.family
-    if family.structure in skip:
-        return  # a block graph of the model: its block engine loaded it
-    target = next((t for t in targets if t[2] == family.structure),
-                  next((t for t in targets if t[1] == family.architecture), targets[0]))
-    what, _, structure, family_here = target
-    library = GraphLibrary(where, runtime.registry())
-    wanted = family_here(family.signature)
-    if not family.differences(wanted) and library.in_memory(stored.manifest.graph_id) is not None:
-        report.add(f"{what}: {stored.name} is already in memory")
-        return
-    if trust and not where.trust.is_trusted(stored.manifest.package_sha256):
-        try:
-            trust_graph(where, stored, f"trusted in the Load Graph node ({stored.manifest_path})")
-        except GraphRefused:
-            pass  # loading refuses it below, with the reason
-        else:
-            report.add(f"{stored.name} added to the trust list ({where.trust.path})")
-    try:
-        graph = library.load(stored, wanted, f"Load Graph: {what}")
-    except GraphRefused as error:
-        report.add(f"refused {what}: {error}")
-        return
-    report.add(f"{what}: loaded {stored.name} (range {graph.key.shape_range.describe()})")
-
-
-# -- reporting ---------------------------------------------------------------------------
-
-def stats_text() -> str:
-    import json
-
-    data = runtime.stats()
-    recent = [m for m in data["messages"] if m.get("kind") != "progress"][-20:]
-    lines = [f"{k}: {v}" for k, v in data["counts"].items()]
-    if data["time_served"]:
-        lines.append(data["time_served"])
-    lines.append(f"graphs folders: {', '.join(data['graphs_folders'])}")
-    if data["compile_unavailable"]:
-        lines.append(f"compiling unavailable: {data['compile_unavailable']}")
-    if data["background"]:
-        lines.append("building in the background:")
-        lines += [f"  {entry['text']}" for entry in data["background"]]
-    lines.append("graphs in memory:")
-    lines += [f"  {g['graph_id']} {g['family']} ({g['origin']}, {g['bytes'] / 1e6:.1f} MB)" for g in data["graphs"]]
-    lines.append("recent events:")
-    lines += [f"  {m['kind']}: {m['reason']}" for m in recent]
-    return "\n".join(lines) + "\n\n" + json.dumps(data["counts"])

@@ -25,10 +25,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from aiohttp import web
 
-from ..compiler.machine.environment import torch_version
-from ..compiler.store.library import trust
-from ..compiler.store.manifest import MANIFEST_SUFFIX
-from ..compiler.store.graph_store import GraphRefused, GraphStore, MultiRootStore, StoredGraph
+from ..compiler import (MANIFEST_SUFFIX, GraphRefused, GraphStore, MultiRootStore, StoredGraph, torch_version,
+                        verify_and_trust)
 
 PREFIX = "/keepfast"
 STATS = PREFIX + "/stats"
@@ -145,7 +143,7 @@ def trust_graph(store: MultiRootStore, name: Any, root: Any = None) -> Dict[str,
     if stored is None:
         raise RouteError(409, f"not trusted: {problem}")
     try:
-        trust(where, stored, f"trusted by the user in the graph library ({stored.package_path})")
+        verify_and_trust(where, stored, f"trusted by the user in the graph library ({stored.package_path})")
     except GraphRefused as problem:
         raise RouteError(409, f"not trusted: {problem}") from None
     return {"trusted": True, "graph": graph_row(where, index, path, stored, None)}
@@ -155,16 +153,16 @@ def remote_library(store: MultiRootStore, url: Any, names: Any = None, dry_run: 
     """A remote graph library (docs/fleet.md) as the page sees it: what fits this machine (dry_run: nothing
     downloaded but manifests), or pull it (only `names`, FOLDER/GRAPH_ID, when given) into the first graphs
     folder. A library that cannot be read answers 502 with the reason."""
-    from ..compiler import remote
+    from ..compiler import pull_remote, remote_library_url
 
     if not isinstance(url, str) or not url.strip():
-        url = remote.remote_library_url()
+        url = remote_library_url()
         if not url:
             raise RouteError(400, "give the library's address: s3://bucket/prefix, hf://org/repo or a folder "
                                   "(or set KEEPFAST_REMOTE_LIBRARY)")
     if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
         raise RouteError(400, "names must be a list of FOLDER/GRAPH_ID")
-    result = remote.pull(url.strip(), store.root, trust=store.trust, names=names, dry_run=dry_run)
+    result = pull_remote(url.strip(), store.root, trust=store.trust, names=names, dry_run=dry_run)
     if result.error:
         raise RouteError(502, result.error)
     return {**result.to_json(), "summary": result.summary()}

@@ -16,13 +16,9 @@ import os
 import threading
 from typing import Any, Dict, List, Optional
 
-from ..compiler import DEFAULT_BACKEND, GraphRegistry, TrustList, backend_names, default_registry, unavailable_reason
-from ..compiler.builds import status as build_status
-from ..compiler.builds import package_builds
-from ..compiler.store.manifest import MANIFEST_SUFFIX
-from ..compiler.store.registry import COMPILE, EVICT, FALLBACK, LOAD, MISMATCH, NOTE, PROGRESS, REFUSED, Event
-from ..compiler.store.graph_store import MultiRootStore
-from ..compiler.serving.time_share import TimeShare
+from ..compiler import (COMPILE, DEFAULT_BACKEND, EVICT, FALLBACK, LOAD, MANIFEST_SUFFIX, MISMATCH, NOTE, PROGRESS,
+                        REFUSED, Event, GraphRegistry, MultiRootStore, TimeShare, TrustList, add_build_listener,
+                        backend_names, build_progress, default_registry, unavailable_reason)
 
 log = logging.getLogger("keepfast")
 
@@ -56,7 +52,7 @@ def setup() -> None:
         trace_process.register()
         if not _state["listener"]:
             registry().add_listener(_on_event)
-            package_builds.add_listener(_builds_changed)
+            add_build_listener(_builds_changed)
             _state["listener"] = True
         if not _state["route"]:
             _state["route"] = _register_route()
@@ -67,9 +63,9 @@ def setup() -> None:
 
 def _say_torch_support() -> None:
     """At ComfyUI's start: a torch the pack does not compile with is named now, not at the first image."""
-    from ..compiler.machine import torch_support
+    from ..compiler import torch_refusal, torch_untested_note
 
-    refused, untested = torch_support.refusal(), torch_support.untested_note()
+    refused, untested = torch_refusal(), torch_untested_note()
     if refused:
         log.warning("[KeepFast] %s", refused)
     elif untested:
@@ -78,10 +74,10 @@ def _say_torch_support() -> None:
 
 def _sweep_leftovers() -> None:
     """Remove what stopped ComfyUI processes left in TMPDIR (SIGTERM, SIGKILL), at start, not at first load."""
-    from ..compiler.store import extraction
+    from ..compiler import sweep_leftover_graphs
 
     try:
-        swept = extraction.sweep()
+        swept = sweep_leftover_graphs()
     except OSError as error:  # a tidy TMPDIR is a nicety; starting must not fail on it
         log.warning("[KeepFast] could not sweep earlier processes' graph folders: %s", error)
         return
@@ -93,12 +89,12 @@ def _warm_up_from_remote_library() -> None:
     """$KEEPFAST_REMOTE_LIBRARY (docs/fleet.md): pull every graph that fits this machine into the first graphs
     folder, in a thread (ComfyUI starts meanwhile; Load Graph and the Speedup nodes find what has landed).
     Logged with its time; a library that cannot be read is logged and nothing else happens."""
-    from ..compiler import remote
+    from ..compiler import remote_library_url, warm_up_from_remote
 
-    if not remote.remote_library_url():
+    if not remote_library_url():
         return
     folder = graphs_folders()[0]
-    threading.Thread(target=remote.warm_up_from_env, args=(folder,), name="keepfast-remote-warm-up",
+    threading.Thread(target=warm_up_from_remote, args=(folder,), name="keepfast-remote-warm-up",
                      daemon=True).start()
 
 
@@ -267,7 +263,7 @@ def _tick() -> None:
 def _send_build_progress() -> bool:
     """One "building" event per model with builds; True while any build is waiting or running."""
     running = False
-    for entry in build_status.progress():
+    for entry in build_progress():
         running |= not entry.finished
         # No "node": a build's progress belongs to the node that made the model (found by family), not to
         # whatever node runs now.
@@ -309,7 +305,7 @@ def stats() -> dict:
         "time": share.to_json(),
         "time_served": share.describe(),
         "graphs": summary["graphs"],
-        "background": [entry.to_json() for entry in build_status.progress()],
+        "background": [entry.to_json() for entry in build_progress()],
         "messages": [event.to_json() for event in reg.log.events[-100:]],
         "graphs_folders": graphs_folders() if _state["setup"] else [],
         "compile_unavailable": compile_unavailable(),

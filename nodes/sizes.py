@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import List, Tuple
 
-from ..compiler.keys.shapes import ShapeRange
+from ..compiler import ShapeRange
 
 def parse_resolutions(text: str) -> List[Tuple[int, int]]:
     """'512x512, 768x512, 1024' -> [(512, 512), (768, 512), (1024, 1024)] as (width, height)."""

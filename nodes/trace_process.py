@@ -16,9 +16,9 @@ from typing import Callable, Dict
 
 def register() -> None:
     """Every spawned trace process of this ComfyUI gets its settings (idempotent)."""
-    from ..compiler.tracing import spawned_trace
+    from ..compiler import prepare_trace_children
 
-    spawned_trace.prepare_children(settings_now)
+    prepare_trace_children(settings_now)
 
 
 def settings_now() -> Callable[[], None]:

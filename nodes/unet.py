@@ -30,13 +30,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..compiler import DEFAULT_BACKEND, CompiledForward, CompileOptions
-from ..compiler.backends.cuda_graphs import asked_for as cuda_graphs_asked_for
-from ..compiler.backends.base import portable_forward
-from ..compiler.keys.binding import CallBinder
-from ..compiler.blocks import BlockEngine, BlockOptions
-from ..compiler.keys.graph_keys import FamilyKey
-from ..compiler.keys.structure import architecture_name
+from ..compiler import (DEFAULT_BACKEND, BlockEngine, BlockOptions, CallBinder, CompiledForward, CompileOptions,
+                        FamilyKey, architecture_name, cuda_graphs_asked_for, portable_forward)
 from . import blocks, other_compilers, runtime
 from .attention import graph_attention_options
 from .patches import side_inputs_reason

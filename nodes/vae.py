@@ -17,12 +17,9 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ..compiler import CompiledForward, CompileOptions, ShapeRange
-from ..compiler.backends.base import portable_forward
-from ..compiler.serving.cached_steps import ChunkServer, chunk, chunk_server, example_frames, takes_feature_cache
-from ..compiler.keys.graph_keys import FamilyKey
-from ..compiler.keys.shapes import BATCH, FRAMES, SPATIAL, default_roles
-from ..compiler.keys.structure import architecture_name
+from ..compiler import (BATCH, FRAMES, SPATIAL, ChunkServer, CompiledForward, CompileOptions, FamilyKey, ShapeRange,
+                        architecture_name, chunk_server, chunk_step, default_roles, example_frames, portable_forward,
+                        takes_feature_cache)
 from . import runtime
 from .attention import graph_vae_attention
 from .sizes import clamp
@@ -64,7 +61,7 @@ def _vae_forward(module, op, sample):
 def _vae_chunk(module, x, cached, state, **options):
     """What a chunk graph of a video VAE computes: the chunk with split attention traced as pytorch attention."""
     with graph_vae_attention(module):
-        return chunk(module, x, cached, state, **options)
+        return chunk_step(module, x, cached, state, **options)
 
 
 class VaeRunner:

@@ -22,7 +22,7 @@ import torch
 from compiler import CompileOptions
 from compiler.builds import status as build_status
 from compiler.machine import machine_fit
-from compiler.builds import package_builds
+from compiler.builds import launch, package_builds
 from compiler.diffusers_api import compile_module
 from compiler.store.registry import GraphRegistry
 from compiler.demo.tiny_models import tiny_unet
@@ -34,7 +34,7 @@ from tests.support.background import (HERE, RANGE, background_unet, build_folder
 def slowed():
     """A background-compiled tiny UNet whose first build is slowed by 20 s; its state after the first call."""
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(package_builds, "CHILD", HERE / "slow_build_child.py")
+        monkeypatch.setattr(launch, "CHILD", HERE / "slow_build_child.py")
         monkeypatch.setenv("KEEPFAST_TEST_BUILD_DELAY_S", "20")
         unet = tiny_unet(seed=1)
         twin = copy.deepcopy(unet)
@@ -91,7 +91,7 @@ def test_once_the_build_lands_every_size_runs_on_the_graph_and_equals_eager(slow
 
 
 def test_a_cancelled_build_leaves_no_process_and_no_files(monkeypatch):
-    monkeypatch.setattr(package_builds, "CHILD", HERE / "slow_build_child.py")
+    monkeypatch.setattr(launch, "CHILD", HERE / "slow_build_child.py")
     monkeypatch.setenv("KEEPFAST_TEST_BUILD_DELAY_S", "600")
     unet = tiny_unet(seed=2)
     forward = compile_module(unet, CompileOptions(shape_range=RANGE, background=True), GraphRegistry())
@@ -106,7 +106,7 @@ def test_a_cancelled_build_leaves_no_process_and_no_files(monkeypatch):
 def test_dropping_the_model_cancels_its_build(monkeypatch):
     """ComfyUI unloading a model (or a workflow moving to another checkpoint) drops it: nothing would take its
     builds in, so they stop, with nothing left behind."""
-    monkeypatch.setattr(package_builds, "CHILD", HERE / "slow_build_child.py")
+    monkeypatch.setattr(launch, "CHILD", HERE / "slow_build_child.py")
     monkeypatch.setenv("KEEPFAST_TEST_BUILD_DELAY_S", "600")
     unet = tiny_unet(seed=5)
     forward = compile_module(unet, CompileOptions(shape_range=RANGE, background=True), GraphRegistry())
@@ -130,7 +130,7 @@ def test_a_parent_stopped_mid_build_leaves_no_process_and_no_files(tmp_path, how
 
 
 def test_a_failed_build_leaves_the_inputs_eager_with_the_reason(monkeypatch):
-    monkeypatch.setattr(package_builds, "CHILD", HERE / "failing_build_child.py")
+    monkeypatch.setattr(launch, "CHILD", HERE / "failing_build_child.py")
     unet, twin, registry, forward = background_unet(seed=3)
     assert served_difference(unet, twin, 1, 8) == 0.0
     assert forward.wait_for_builds(timeout=120) == 0
@@ -172,7 +172,7 @@ def test_a_flux_transformer_runs_eager_while_its_block_graphs_build_then_from_th
     from compiler.diffusers_api import compiled_parts
     from tests.support import tiny_transformers as tt
 
-    monkeypatch.setattr(package_builds, "CHILD", HERE / "slow_build_child.py")
+    monkeypatch.setattr(launch, "CHILD", HERE / "slow_build_child.py")
     monkeypatch.setenv("KEEPFAST_TEST_BUILD_DELAY_S", "10")
     monkeypatch.setenv("KEEPFAST_BUILD_PROCESSES", "1")
     times = tmp_path / "build_times.json"

@@ -427,19 +427,19 @@ def test_a_block_engine_s_job_ends_without_asking_for_cuda_graph_replays():
 
 def test_a_build_process_reports_its_stacks_and_the_worker_prints_them_at_its_limit(monkeypatch, tmp_path, capsys):
     """The GPU check's SD1.5 build had not ended in 230 s and its stacks were nowhere: build processes write
-    theirs where the worker reads them (build_process.child._report_stacks)."""
+    theirs where the worker reads them (build_process.stack_reports._report_stacks)."""
     import threading
     import time
 
-    from compiler.build_process import child as child
+    from compiler.build_process import stack_reports
     from benchmarks import worker
 
-    monkeypatch.setenv(child.STACKS_ENV, str(tmp_path))
-    monkeypatch.setattr(child, "STACKS_EVERY_S", 0.05)
+    monkeypatch.setenv(stack_reports.STACKS_ENV, str(tmp_path))
+    monkeypatch.setattr(stack_reports, "STACKS_EVERY_S", 0.05)
     stop = threading.Event()
     building = threading.Thread(target=lambda: stop.wait(10), name="pretend-inductor")
     building.start()
-    child._report_stacks("build-folder-x")
+    stack_reports._report_stacks("build-folder-x", time.perf_counter())
     deadline = time.monotonic() + 10
     while not list(tmp_path.glob("build-*.txt")) and time.monotonic() < deadline:
         time.sleep(0.05)

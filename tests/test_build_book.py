@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from compiler import CompiledForward, CompileOptions
-from compiler.builds import package_builds
+from compiler.builds import launch, package_builds
 from compiler.store.registry import GraphRegistry
 from compiler.demo.tiny_models import tiny_unet
 from tests.support.background import HERE, RANGE, build_folders, unet_call
@@ -37,7 +37,7 @@ def _book_builds(registry: GraphRegistry):
 
 @pytest.fixture()
 def slow_builds(monkeypatch):
-    monkeypatch.setattr(package_builds, "CHILD", HERE / "slow_build_child.py")
+    monkeypatch.setattr(launch, "CHILD", HERE / "slow_build_child.py")
     monkeypatch.setenv("KEEPFAST_TEST_BUILD_DELAY_S", "10")
 
 
@@ -111,7 +111,7 @@ def test_a_failed_build_is_not_started_again_by_the_next_wrapper(monkeypatch):
     script = Path(tempfile.mkdtemp(prefix="kf-fail-")) / "child.py"
     script.write_text("import os, sys\nopen(os.path.join(sys.argv[1], 'error.txt'), 'w').write('RuntimeError: "
                       "a build that fails\\n')\nsys.exit(1)\n")
-    monkeypatch.setattr(package_builds, "CHILD", script)
+    monkeypatch.setattr(launch, "CHILD", script)
     unet = tiny_unet(seed=15)
     twin = copy.deepcopy(unet)
     registry = GraphRegistry()

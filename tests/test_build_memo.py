@@ -62,18 +62,19 @@ def test_the_key_is_the_program_its_job_and_settings_not_how_fast_it_builds(tmp_
 
 def test_the_memo_is_offered_only_where_the_environment_names_it_and_no_limit_bounds_the_build(tmp_path, monkeypatch):
     """No folder, no memo; a build under a memory limit (or writing its stacks) is about its compile: no memo."""
-    from compiler.builds import package_builds
-    from compiler.build_process.child import MEMORY_ENV, STACKS_ENV
+    from compiler.builds import job_folder
+    from compiler.build_process.memory_bound import MEMORY_ENV
+    from compiler.build_process.stack_reports import STACKS_ENV
 
     monkeypatch.delenv(build_memo.MEMO_ENV, raising=False)
-    assert package_builds._memo_folder() == ""
+    assert job_folder._memo_folder() == ""
     monkeypatch.setenv(build_memo.MEMO_ENV, str(tmp_path / "memo"))
-    assert package_builds._memo_folder() == str(tmp_path / "memo")
+    assert job_folder._memo_folder() == str(tmp_path / "memo")
     monkeypatch.setenv(MEMORY_ENV, "100000")
-    assert package_builds._memo_folder() == ""
+    assert job_folder._memo_folder() == ""
     monkeypatch.delenv(MEMORY_ENV)
     monkeypatch.setenv(STACKS_ENV, str(tmp_path))
-    assert package_builds._memo_folder() == ""
+    assert job_folder._memo_folder() == ""
 
 
 def test_a_kept_package_that_cannot_be_read_is_no_hit(tmp_path):

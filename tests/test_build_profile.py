@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from compiler.backends import aot
+from compiler.backends import aot_build, aot_parts
 from compiler.build_process import build_profile
 from compiler.builds import package_builds
 from benchmarks import phases, report
@@ -61,7 +61,7 @@ def test_the_sampler_names_where_the_main_thread_spends_its_time():
 def test_a_build_reports_its_cpu_and_where_its_main_thread_was(tmp_path):
     module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU()).eval()
     program = torch.export.export(module, (torch.randn(2, 8),))
-    build = package_builds.start(program, dict(aot.PACKAGE_CONFIG), now=True)
+    build = package_builds.start(program, dict(aot_build.PACKAGE_CONFIG), now=True)
     build.result(timeout=600)
     figures = build.usage["phase_s"]
     assert figures["compile_cpu_s"] > 0 and figures["compile_processes_max"] >= 1, figures
@@ -75,13 +75,13 @@ def test_parts_add_their_cpu_and_keep_the_slowest_part_s_samples():
                "main_thread": [["a.f", 1.0]]},
               {"phase_s": {"inductor_s": 55.0, "compile_cpu_s": 120.0, "compile_cores_busy": 2.2},
                "main_thread": [["b.g", 0.7]]}]
-    usage = aot._parts_usage(usages)
+    usage = aot_parts._parts_usage(usages)
     assert usage["phase_s"]["compile_cpu_s"] == 220.0 and usage["phase_s"]["compile_cores_busy"] == 4.7
     assert usage["phase_s"]["inductor_s"] == 55.0 and usage["main_thread"] == [["b.g", 0.7]]
     assert [p["inductor_s"] for p in usage["parts_phase_s"]] == [40.0, 55.0]  # each part's own, in order
     assert "slowest_kernels" not in usage  # none reported: none listed
     usages[0]["slowest_kernels"], usages[1]["slowest_kernels"] = [["k_a", 9.0, 2], ["k_b", 1.0, 1]], [["k_c", 5.0, 3]]
-    assert aot._parts_usage(usages)["slowest_kernels"] == [["k_a", 9.0, 2], ["k_c", 5.0, 3], ["k_b", 1.0, 1]]
+    assert aot_parts._parts_usage(usages)["slowest_kernels"] == [["k_a", 9.0, 2], ["k_c", 5.0, 3], ["k_b", 1.0, 1]]
 
 
 def test_the_report_puts_the_call_s_cpu_beside_the_build_s_and_lists_the_samples():
@@ -158,7 +158,7 @@ def test_parts_add_their_triton_counts_and_the_call_profile_brings_torch_compile
                            "triton_build_s": 300.0}},
               {"phase_s": {"inductor_s": 55.0, "triton_kernels": 188.0, "triton_configs": 610.0,
                            "triton_build_s": 320.0}}]
-    figures = aot._parts_usage(usages)["phase_s"]
+    figures = aot_parts._parts_usage(usages)["phase_s"]
     assert (figures["triton_kernels"], figures["triton_configs"], figures["triton_build_s"]) == (368.0, 1210.0, 620.0)
     merged = phases.with_call_profile({"codegen_s": 27.7}, {"compile_cpu_s": 200.0, "triton_kernels": 378.0,
                                                             "triton_configs": 420.0})

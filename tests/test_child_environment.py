@@ -30,16 +30,16 @@ def test_a_child_lowers_its_priority_by_the_setting(setting, step):
 
 
 def test_builds_share_a_kept_triton_kernel_cache_unless_the_user_chose_one(monkeypatch, tmp_path):
-    from compiler.builds import package_builds
+    from compiler.builds import kept_folders, launch
 
     monkeypatch.setenv("KEEPFAST_ISA_CACHE", str(tmp_path / "isa"))
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    env = package_builds._child_options({"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "build" / "cache")})["env"]
+    env = launch._child_options({"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "build" / "cache")})["env"]
     kept = Path(env["TRITON_CACHE_DIR"])
-    assert kept == package_builds.kernel_cache() and kept.parent == tmp_path / "triton-kernels"
+    assert kept == kept_folders.kernel_cache() and kept.parent == tmp_path / "triton-kernels"
     assert not kept.is_relative_to(tmp_path / "build")  # outlives the build's folder
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
-    assert package_builds._child_options({})["env"]["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
+    assert launch._child_options({})["env"]["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
 
 
 def test_lower_takes_the_job_s_step_over_the_setting():

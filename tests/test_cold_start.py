@@ -19,7 +19,7 @@ import pytest
 
 from compiler import GraphRefused, GraphRegistry, GraphStore, ShapeRange, load_pipe
 from compiler.machine import machine_fit
-from compiler.backends import aot
+from compiler.backends import aot, aot_loading
 from benchmarks.fresh_machine import FreshMachine
 from compiler.store.manifest import Manifest, ManifestError
 
@@ -131,8 +131,8 @@ def test_a_graph_this_machine_cannot_run_is_refused_before_it_is_loaded(saved_pi
     folder = _copy_store(saved_pipe, tmp_path)
     _edit_manifests(folder, lambda data: edit(data["needs"]))
     loaders = []
-    real = aot._new_loader
-    monkeypatch.setattr(aot, "_new_loader", lambda *args: loaders.append(args) or real(*args))
+    real = aot_loading._new_loader
+    monkeypatch.setattr(aot_loading, "_new_loader", lambda *args: loaders.append(args) or real(*args))
     store = GraphStore(folder)
     stored = store.graphs()[0]
     unpacked = set(aot.extraction.run_folder().iterdir())

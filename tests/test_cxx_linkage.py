@@ -101,11 +101,11 @@ def test_a_package_built_where_g_plus_plus_links_the_static_runtime_loads_and_ma
     from compiler.store.registry import GraphRegistry
     from compiler.keys.shapes import ShapeRange
 
-    from compiler.builds import package_builds
+    from compiler.builds import spares
 
     monkeypatch.setenv("CXX", archive_only_gxx)  # the build process's Inductor reads it at its start, so no spare
-    monkeypatch.setenv(package_builds.SPARE_ENV, "0")  # build process started before this test may take the build
-    package_builds._stop_spares()
+    monkeypatch.setenv(spares.SPARE_ENV, "0")  # build process started before this test may take the build
+    spares._stop_spares()
     monkeypatch.setenv("KEEPFAST_ISA_CACHE", str(tmp_path / "isa" / "probe"))  # the wrapper's folder is beside
     monkeypatch.setenv("KEEPFAST_LOADER_VERDICTS", str(tmp_path / "verdicts.json"))
     module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()

@@ -38,7 +38,7 @@ def test_an_error_inside_puts_the_setting_back():
 def test_a_build_process_traces_the_program_without_stacks(tmp_path, monkeypatch):
     """AOTInductor's own trace in the build process (27.4-29.5 s against 21.4 s without stacks for the real-depth
     SD1.5 UNet): the operator's fake implementation, run by that trace in the build process, sees the setting on."""
-    from compiler.backends import aot
+    from compiler.backends import aot_build
     from compiler.builds import package_builds
     from tests.support import stack_probe_op
 
@@ -51,7 +51,7 @@ def test_a_build_process_traces_the_program_without_stacks(tmp_path, monkeypatch
 
     program = torch.export.export(Probed(), (torch.randn(2, 4),))
     probe.write_text("")  # the export above traced it here, in the test's process
-    build = package_builds.start(program, dict(aot.PACKAGE_CONFIG), now=True)
+    build = package_builds.start(program, dict(aot_build.PACKAGE_CONFIG), now=True)
     build.result(timeout=600)
     seen = probe.read_text().split()
     assert seen and set(seen) == {"True"}, seen

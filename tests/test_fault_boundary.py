@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from compiler import CompiledForward, CompileOptions, GraphRegistry, GraphStore, ShapeRange
-from compiler.backends import aot
+from compiler.backends import aot, aot_export, aot_loading
 from compiler.keys.guards import GuardSet, GuardSyntaxError
 from compiler.demo.tiny_models import tiny_unet
 from tests.support.inputs import unet_inputs
@@ -46,32 +46,32 @@ def _last_fallback(registry: GraphRegistry) -> str:
 # -- compile stages: a tiny convolution, so nothing real is built ---------------------------------------
 
 def _failing_build_process(monkeypatch, error: BaseException) -> None:
-    """The build process (package_builds.CHILD) replaced by one that fails as AOTInductor would, with `error`."""
+    """The build process (launch.CHILD) replaced by one that fails as AOTInductor would, with `error`."""
     import tempfile
     from pathlib import Path
 
-    from compiler.builds import package_builds
+    from compiler.builds import launch
 
     script = Path(tempfile.mkdtemp(prefix="kf-fault-")) / "child.py"
     script.write_text("import os, sys\n"
                       "with open(os.path.join(sys.argv[1], 'error.txt'), 'w') as f:\n"
                       f"    f.write({type(error).__name__ + ': injected'!r} + '\\n')\n"
                       "sys.exit(1)\n")
-    monkeypatch.setattr(package_builds, "CHILD", script)
+    monkeypatch.setattr(launch, "CHILD", script)
 
 
 def _in_this_process(monkeypatch, error: BaseException) -> None:
     """A program that cannot travel to a build process is built here: AOTInductor raising here."""
-    from compiler.builds import package_builds
+    from compiler.builds import job_folder
     from compiler.backends.base import BuildInProcess
 
-    monkeypatch.setattr(package_builds, "weightless", _raiser(BuildInProcess("a test keeps it here")))
+    monkeypatch.setattr(job_folder, "weightless", _raiser(BuildInProcess("a test keeps it here")))
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", _raiser(error))
 
 
 COMPILE_STAGES = {
     "export": ("torch.export.export", lambda mp, e: mp.setattr(torch.export, "export", _raiser(e))),
-    "guard extraction": ("_guards_from", lambda mp, e: mp.setattr(aot, "_guards_from", _raiser(e))),
+    "guard extraction": ("_guards_from", lambda mp, e: mp.setattr(aot_export, "_guards_from", _raiser(e))),
     "AOTInductor in its build process": ("the build process", _failing_build_process),
     "AOTInductor in this process": ("aoti_compile_and_package", _in_this_process),
 }
@@ -162,7 +162,7 @@ def test_a_graph_run_that_raises_runs_eager_with_the_reason(loaded, error):
 
 @pytest.mark.parametrize("error", ERRORS, ids=lambda e: type(e).__name__)
 def test_loading_a_package_that_raises_runs_eager_with_the_reason(saved_pipe, test_range, monkeypatch, error):
-    monkeypatch.setattr(aot, "_load_runner", _raiser(error))
+    monkeypatch.setattr(aot_loading, "_load_runner", _raiser(error))
     registry = GraphRegistry()
     compiled = CompiledForward(tiny_unet(seed=3), CompileOptions(
         shape_range=test_range, store=GraphStore(saved_pipe.graphs), compile_on_miss=False, label="unet"), registry)

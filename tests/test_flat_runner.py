@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from compiler.backends import aot
+from compiler.backends import aot_build
 from compiler.backends.package_loader import new_loader
 from compiler.backends.flat_runner import FlatRunner
 
@@ -26,7 +26,7 @@ def _loaded(module, args, tmp_path, name):
 
     program = torch.export.export(module, args)
     path = str(tmp_path / f"{name}.pt2")
-    torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=dict(aot.PACKAGE_CONFIG))
+    torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=dict(aot_build.PACKAGE_CONFIG))
     return AOTICompiledModel(new_loader(path))
 
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from compiler.builds import status as build_status
-from compiler.backends import aot
+from compiler.backends import aot_export
 from compiler.tracing import forked_trace
-from compiler.builds import package_builds
+from compiler.builds import launch, package_builds
 from compiler.backends.base import CompileFailed
 from tests.support.background import (HERE, background_unet, build_folders, gone, served_difference,
                                       stop_parent_mid_build)
@@ -37,8 +37,8 @@ def exports(monkeypatch):
 
 
 def _failing_trace(monkeypatch, failure):
-    """aot.trace replaced by `failure()` (the fork inherits the replacement)."""
-    monkeypatch.setattr(aot, "trace", lambda *args, **kwargs: failure())
+    """aot_export.trace replaced by `failure()` (the fork inherits the replacement)."""
+    monkeypatch.setattr(aot_export, "trace", lambda *args, **kwargs: failure())
 
 
 def test_the_trace_runs_in_a_forked_process_and_its_graph_lands(exports):
@@ -114,7 +114,7 @@ def test_cancelling_mid_trace_leaves_no_process_and_no_files(exports, monkeypatc
 
 def test_with_forks_off_the_caller_traces(exports, monkeypatch):
     monkeypatch.setenv(forked_trace.ENV, "0")
-    monkeypatch.setattr(package_builds, "CHILD", HERE / "slow_build_child.py")
+    monkeypatch.setattr(launch, "CHILD", HERE / "slow_build_child.py")
     monkeypatch.setenv("KEEPFAST_TEST_BUILD_DELAY_S", "600")
     unet, twin, registry, forward = background_unet(seed=16)
     assert served_difference(unet, twin, 1, 8) == 0.0 and "building in the background" in forward.last.reason

@@ -21,8 +21,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from compiler.machine import environment, machine_fit
-from compiler.backends import aot
-from compiler.builds import package_builds
+from compiler.backends import aot, aot_build, aot_loading
+from compiler.builds import job_folder, package_builds, slots
 from compiler.backends.base import PackageInfo
 from compiler.backends.base import WeightsElsewhere
 from compiler.blocks.binding import InstanceWeights, SharedRunner
@@ -101,7 +101,7 @@ def _gpu_needs(capability: str) -> dict:
 def test_a_graph_for_another_gpu_generation_is_not_looked_up_and_a_hand_copied_one_is_refused(
         two_gpus, tmp_path, monkeypatch):
     loaders = []
-    monkeypatch.setattr(aot, "_new_loader", lambda *args: loaders.append(args))
+    monkeypatch.setattr(aot_loading, "_new_loader", lambda *args: loaders.append(args))
     store = GraphStore(tmp_path / "graphs")
     sm80 = FamilyKey.here("UNet", "s" * 24, "sig", torch.float16, "cuda:0", "aot")
     sm90 = FamilyKey.here("UNet", "s" * 24, "sig", torch.float16, "cuda:1", "aot")
@@ -192,9 +192,9 @@ def _on_cuda1(module: torch.nn.Module) -> None:
 
 
 def test_the_device_index_of_a_call():
-    assert aot.device_index([torch.zeros(1)]) == -1
-    assert aot.device_index([torch.zeros(1), SimpleNamespace(device=torch.device("cuda", 1))]) == 1
-    assert aot.device_index([]) == -1
+    assert aot_loading.device_index([torch.zeros(1)]) == -1
+    assert aot_loading.device_index([torch.zeros(1), SimpleNamespace(device=torch.device("cuda", 1))]) == 1
+    assert aot_loading.device_index([]) == -1
 
 
 def test_a_package_is_loaded_for_the_device_index_its_call_is_on_once_per_index(fake_loader):
@@ -262,8 +262,8 @@ def test_a_loader_without_a_device_index_argument_is_made_with_that_device_curre
 
     monkeypatch.setattr(torch._C._aoti, "AOTIModelPackageLoader", OlderLoader)
     monkeypatch.setattr(torch.cuda, "device", Current)
-    aot._new_loader("pkg", "model", 1)
-    aot._new_loader("pkg", "part_0", -1)  # the CPU: nothing made current
+    aot_loading._new_loader("pkg", "model", 1)
+    aot_loading._new_loader("pkg", "part_0", -1)  # the CPU: nothing made current
     assert made == [("pkg", "model", [1]), ("pkg", "part_0", [])]
 
 
@@ -273,7 +273,7 @@ def test_a_loader_with_a_device_index_argument_is_given_it_and_runs_single_threa
     made = []
     monkeypatch.setattr(torch._C._aoti, "AOTIModelPackageLoader", lambda *args: made.append(args))
     monkeypatch.setattr(torch.cuda, "device", _must_not_run("setting the current device"))
-    aot._new_loader("pkg", "model", 1)
+    aot_loading._new_loader("pkg", "model", 1)
     assert made == [("pkg", "model", True, 1, 1)]
 
 
@@ -295,32 +295,32 @@ def inductor_march_unset():
 
 
 def test_the_job_of_a_cpu_program_asks_for_the_cpu_level(program, tmp_path):
-    package_builds._write_job(program, {"a": 1}, True, tmp_path)
+    job_folder._write_job(program, {"a": 1}, True, tmp_path)
     job = json.loads((tmp_path / "job.json").read_text())
-    assert job["probe"] == str(package_builds.MACHINE_FIT) and job["configs"] == {"a": 1}
+    assert job["probe"] == str(job_folder.MACHINE_FIT) and job["configs"] == {"a": 1}
     assert job["device"] == "cpu" and job["compile_threads"] is None  # no kernel compilers started early
-    assert package_builds._read_probe(tmp_path) is None  # the child writes it
-    assert package_builds.program_device(program) == "cpu"
+    assert job_folder._read_probe(tmp_path) is None  # the child writes it
+    assert job_folder.program_device(program) == "cpu"
 
 
 def test_the_job_of_a_cuda_program_asks_for_no_probe(program, tmp_path, monkeypatch, inductor_march_unset):
-    real = package_builds.weightless
+    real = job_folder.weightless
 
     def on_cuda(ep):
         light, layout = real(ep)
         return light, {name: entry[:3] + ["cuda:0"] + entry[4:] for name, entry in layout.items()}
 
-    monkeypatch.setattr(package_builds, "weightless", on_cuda)
+    monkeypatch.setattr(job_folder, "weightless", on_cuda)
     monkeypatch.setattr(machine_fit, "build_probe", _must_not_run("the CPU level probe"))
     monkeypatch.setattr(machine_fit, "_vec_isa", _must_not_run("Inductor's ISA probe"))
-    package_builds._write_job(program, {"a": 1}, True, tmp_path)
+    job_folder._write_job(program, {"a": 1}, True, tmp_path)
     job = json.loads((tmp_path / "job.json").read_text())
     assert "probe" not in job
     assert job["device"] == "cuda"  # the child starts its kernel compilers first (warm_kernel_compilers)
     assert {entry[3] for entry in job["weights"].values()} == {"cuda:0"}
     # host code: no -march, and no vector ISA (so no ISA probe runs in the build process: GPU_HOST_ISA)
     assert job["configs"] == {"a": 1, "cpp.march": machine_fit.NO_MARCH, "cpp.vec_isa_ok": False}
-    built_for = package_builds._read_probe(tmp_path)
+    built_for = job_folder._read_probe(tmp_path)
     assert built_for == {"march": machine_fit.NO_MARCH, "vec_isa": None, "vec_flags": None}
     # The parent reads the package's needs as read_built does: from the ISA the package names, no probe.
     metadata = {"AOTI_DEVICE_KEY": "cuda", "AOTI_CPU_ISA": "AVX2", "AOTI_COMPUTE_CAPABILITY": "90"}
@@ -330,24 +330,24 @@ def test_the_job_of_a_cuda_program_asks_for_no_probe(program, tmp_path, monkeypa
 
 
 def _on_cuda_layout(ep):
-    """package_builds.weightless as for a program whose weights are on cuda:0 (its job then says a GPU program)."""
+    """job_folder.weightless as for a program whose weights are on cuda:0 (its job then says a GPU program)."""
     light, layout = _REAL_WEIGHTLESS(ep)
     return light, {name: entry[:3] + ["cuda:0"] + entry[4:] for name, entry in layout.items()}
 
 
 def _job(ep, folder):
-    """The job package_builds._write_job writes for the build of `ep`."""
+    """The job job_folder._write_job writes for the build of `ep`."""
     folder.mkdir()
-    package_builds._write_job(ep, {}, False, folder)
+    job_folder._write_job(ep, {}, False, folder)
     return json.loads((folder / "job.json").read_text())
 
 
 def _job_configs(ep, folder):
-    """The Inductor settings package_builds._write_job gives the build of `ep`."""
+    """The Inductor settings job_folder._write_job gives the build of `ep`."""
     return _job(ep, folder)["configs"]
 
 
-_REAL_WEIGHTLESS = package_builds.weightless
+_REAL_WEIGHTLESS = job_folder.weightless
 
 
 def test_a_gpu_program_convolves_channels_last_only_where_asked(program, tmp_path, monkeypatch, inductor_march_unset):
@@ -366,7 +366,7 @@ def test_a_gpu_program_convolves_channels_last_only_where_asked(program, tmp_pat
     assert configs(conv, tmp_path / "cpu-asked-not") == {}
     monkeypatch.setenv(conv_layout.ENV, "channels_last")
     assert configs(conv, tmp_path / "cpu") == {}  # a CPU program: Inductor lays mkldnn convolutions out itself
-    monkeypatch.setattr(package_builds, "weightless", on_cuda)
+    monkeypatch.setattr(job_folder, "weightless", on_cuda)
     assert configs(conv, tmp_path / "asked")["force_layout_optimization"] is True
     assert "force_layout_optimization" not in configs(program, tmp_path / "no-convolution")
     monkeypatch.setenv(conv_layout.ENV, "")
@@ -376,18 +376,18 @@ def test_a_gpu_program_convolves_channels_last_only_where_asked(program, tmp_pat
 def test_parts_built_together_share_the_cores_between_their_kernel_compilers(program, tmp_path, monkeypatch):
     monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     monkeypatch.setattr(package_builds.os, "cpu_count", lambda: 16)
-    assert package_builds.kernel_compile_threads(1) is None  # alone: Inductor's own choice, one per core
-    assert package_builds.kernel_compile_threads(5) == 3
-    assert package_builds.kernel_compile_threads(40) == 1
-    package_builds._write_job(program, {}, False, tmp_path, beside=4)
+    assert slots.kernel_compile_threads(1) is None  # alone: Inductor's own choice, one per core
+    assert slots.kernel_compile_threads(5) == 3
+    assert slots.kernel_compile_threads(40) == 1
+    job_folder._write_job(program, {}, False, tmp_path, beside=4)
     assert json.loads((tmp_path / "job.json").read_text())["compile_threads"] == 4
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "8")  # the user's (or the check's lane's) number, shared
-    assert package_builds.kernel_compile_threads(4) == 2
-    assert package_builds.kernel_compile_threads(1) is None
+    assert slots.kernel_compile_threads(4) == 2
+    assert slots.kernel_compile_threads(1) is None
     # a trace process (a block engine's structures built side by side) writes its build's share too
     traced_folder = tmp_path / "traced"
     traced_folder.mkdir()
-    package_builds.trace_job(lambda: (program, {"guards": []}), {}, False, traced_folder, beside=2)
+    job_folder.trace_job(lambda: (program, {"guards": []}), {}, False, traced_folder, beside=2)
     assert json.loads((traced_folder / "job.json").read_text())["compile_threads"] == 4
 
 
@@ -397,22 +397,22 @@ def test_a_gpu_program_is_cut_into_no_more_parts_than_leave_each_part_four_kerne
     for name in ("TORCHINDUCTOR_COMPILE_THREADS", "KEEPFAST_BUILD_PROCESSES"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(package_builds.os, "cpu_count", lambda: 16)
-    monkeypatch.setattr(aot.os, "cpu_count", lambda: 16)
-    assert package_builds.gpu_part_builders() == 4
-    assert package_builds.kernel_compile_threads(package_builds.gpu_part_builders()) == 4
-    assert aot._part_builders(program) == 16  # a CPU program: one part per core
-    monkeypatch.setattr(package_builds, "program_device", lambda ep, layout=None: "cuda")
-    assert aot._part_builders(program) == 4
+    monkeypatch.setattr(aot_build.os, "cpu_count", lambda: 16)
+    assert slots.gpu_part_builders() == 4
+    assert slots.kernel_compile_threads(slots.gpu_part_builders()) == 4
+    assert aot_build._part_builders(program) == 16  # a CPU program: one part per core
+    monkeypatch.setattr(job_folder, "program_device", lambda ep, layout=None: "cuda")
+    assert aot_build._part_builders(program) == 4
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "5")  # the device check's share of one of three lanes
     monkeypatch.setenv("KEEPFAST_BUILD_PROCESSES", "5")
-    assert aot._part_builders(program) == 1  # built whole, with the lane's five workers
+    assert aot_build._part_builders(program) == 1  # built whole, with the lane's five workers
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "64")
-    assert aot._part_builders(program) == 5  # no more parts than builds that run at once
+    assert aot_build._part_builders(program) == 5  # no more parts than builds that run at once
     for cores in range(1, 65):
         monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", str(cores))
         monkeypatch.delenv("KEEPFAST_BUILD_PROCESSES", raising=False)
-        parts = package_builds.gpu_part_builders()
-        assert parts == 1 or package_builds.kernel_compile_threads(parts) >= package_builds.KERNEL_WORKERS_PER_PART
+        parts = slots.gpu_part_builders()
+        assert parts == 1 or slots.kernel_compile_threads(parts) >= slots.KERNEL_WORKERS_PER_PART
 
 
 def test_a_gpu_build_starts_inductor_s_kernel_compilers_before_it_reads_its_program(monkeypatch):
@@ -439,8 +439,8 @@ def test_a_gpu_build_starts_inductor_s_kernel_compilers_before_it_reads_its_prog
 
 def test_a_cuda_program_built_in_process_picks_no_cpu_level(monkeypatch, inductor_march_unset):
     monkeypatch.setattr(machine_fit, "build_march", _must_not_run("the CPU level probe"))
-    march, configs = aot.package_configs(gpu=True)
-    assert march == machine_fit.NO_MARCH and configs == {**aot.PACKAGE_CONFIG, "cpp.march": machine_fit.NO_MARCH}
+    march, configs = aot_build.package_configs(gpu=True)
+    assert march == machine_fit.NO_MARCH and configs == {**aot_build.PACKAGE_CONFIG, "cpp.march": machine_fit.NO_MARCH}
 
 
 def test_the_gpu_host_build_runs_no_probe_and_keeps_a_level_the_user_chose(monkeypatch):
@@ -496,24 +496,24 @@ def test_a_gpu_program_with_dynamic_sizes_makes_no_persistent_reduction_over_a_d
     assert gpu_reductions.has_dynamic_sizes(dynamic) and not gpu_reductions.has_dynamic_sizes(static)
     cpu = _job(dynamic, tmp_path / "cpu")  # a CPU program: no Triton
     assert "triton.persistent_reductions" not in cpu["configs"] and "heuristics" not in cpu
-    monkeypatch.setattr(package_builds, "weightless", _on_cuda_layout)
+    monkeypatch.setattr(job_folder, "weightless", _on_cuda_layout)
     job = _job(dynamic, tmp_path / "gpu-dynamic")
     assert job["heuristics"] == {"fixed_size_persistent_reductions": True}
     assert "triton.persistent_reductions" not in job["configs"]
     job = _job(static, tmp_path / "gpu-static")
     assert job["heuristics"] == {"fixed_size_persistent_reductions": False}
     assert "triton.persistent_reductions" not in job["configs"]
-    # the same where a program is built in this process (aot._build_here: it cannot travel to a child)
-    assert package_builds.gpu_program_heuristics(dynamic) == {"fixed_size_persistent_reductions": True}
-    assert "triton.persistent_reductions" not in package_builds.gpu_program_settings(dynamic)
+    # the same where a program is built in this process (aot_build._build_here: it cannot travel to a child)
+    assert job_folder.gpu_program_heuristics(dynamic) == {"fixed_size_persistent_reductions": True}
+    assert "triton.persistent_reductions" not in job_folder.gpu_program_settings(dynamic)
     # a torch without the hook (or another's heuristics configured): the whole program's switch, as before
     monkeypatch.setattr(gpu_reductions, "_default_choices_class", lambda: None)
     job = _job(dynamic, tmp_path / "gpu-no-hook")
     assert job["configs"]["triton.persistent_reductions"] is False
     assert job["heuristics"] == {"fixed_size_persistent_reductions": False}
-    assert package_builds.gpu_program_settings(dynamic)["triton.persistent_reductions"] is False
+    assert job_folder.gpu_program_settings(dynamic)["triton.persistent_reductions"] is False
     monkeypatch.undo()
-    monkeypatch.setattr(package_builds, "weightless", _on_cuda_layout)
+    monkeypatch.setattr(job_folder, "weightless", _on_cuda_layout)
     monkeypatch.setenv(gpu_reductions.ENV, "1")
     job = _job(dynamic, tmp_path / "gpu-asked-default")
     assert "triton.persistent_reductions" not in job["configs"]

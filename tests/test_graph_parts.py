@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from compiler import CompileOptions
-from compiler.backends import aot
+from compiler.backends import aot_build, aot_parts
+from compiler.builds import slots
 from compiler.tracing import program_split
 from compiler.tracing.program_split import CannotSplit, Wiring
 from compiler.diffusers_api import compile_module
@@ -120,18 +121,18 @@ def test_a_program_that_cannot_be_cut_is_built_whole(monkeypatch):
 def test_parts_built_side_by_side_report_the_slowest_part_s_phases_and_every_part_s_kernels():
     usages = [{"peak_rss_mb": 900.0, "phase_s": {"codegen_s": 40.0, "startup_s": 0.5, "kernels": 300.0}},
               {"peak_rss_mb": 700.0, "phase_s": {"codegen_s": 55.0, "startup_s": 6.0, "kernels": 250.0}}]
-    usage = aot._parts_usage(usages)
+    usage = aot_parts._parts_usage(usages)
     assert usage["peak_rss_mb"] == 900.0
     assert usage["phase_s"] == {"codegen_s": 55.0, "startup_s": 6.0, "kernels": 550.0, "parts": 2.0}
 
 
 def test_a_gpu_program_s_trace_starts_a_spare_for_each_part_it_will_likely_be_cut_into(monkeypatch):
     """The H200's SD1.5 UNet was cut into 2 parts; its second part found no spare and started in 9.6 s."""
-    monkeypatch.setattr(aot.package_builds, "gpu_part_builders", lambda: 2)
+    monkeypatch.setattr(slots, "gpu_part_builders", lambda: 2)
     big = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(485)])  # the SD1.5 UNet's leaf modules
     small = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(100)])
-    assert aot.spares_for(big, "cuda:0") == 2  # 485 leaves, about 1309 operations: 3 parts' worth, 2 builders
-    assert aot.spares_for(small, "cuda") == 1  # one part
-    assert aot.spares_for(big, "cpu") == 1  # a CPU program's spares would take the trace's cores
-    monkeypatch.setattr(aot.package_builds, "gpu_part_builders", lambda: 4)
-    assert aot.spares_for(big, "cuda") == 3
+    assert aot_build.spares_for(big, "cuda:0") == 2  # 485 leaves, about 1309 operations: 3 parts' worth, 2 builders
+    assert aot_build.spares_for(small, "cuda") == 1  # one part
+    assert aot_build.spares_for(big, "cpu") == 1  # a CPU program's spares would take the trace's cores
+    monkeypatch.setattr(slots, "gpu_part_builders", lambda: 4)
+    assert aot_build.spares_for(big, "cuda") == 3

@@ -18,7 +18,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from compiler import ShapeRange
-from compiler.backends.aot import _guards_from, export_program
+from compiler.backends.aot_export import _guards_from, export_program
 from compiler.keys.guards import GuardSet
 from compiler.keys.signature import FlatCall
 from compiler.demo.tiny_models import prompt_embeds, tiny_unet

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from compiler.backends import aot
+from compiler.backends import aot_build
 from compiler.build_process import interface_object
-from compiler.builds import package_builds
+from compiler.builds import kept_folders, package_builds
 
 pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
 
@@ -150,13 +150,13 @@ def _package_computes(data: bytes, module: torch.nn.Module, x: torch.Tensor, tmp
 
 
 def test_packages_built_by_the_build_process_share_one_interface_object_and_compute_as_eager(tmp_path, monkeypatch):
-    monkeypatch.setenv(package_builds.ISA_CACHE_ENV, str(tmp_path / "isa" / "probe"))  # a fresh object folder
+    monkeypatch.setenv(kept_folders.ISA_CACHE_ENV, str(tmp_path / "isa" / "probe"))  # a fresh object folder
     modules = [torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval(),
                torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.SiLU()).eval()]
     inputs = [torch.randn(3, 8), torch.randn(2, 3, 8, 8)]
     usages = []
     for index, (module, x) in enumerate(zip(modules, inputs)):
-        build = package_builds.start(torch.export.export(module, (x,)), dict(aot.PACKAGE_CONFIG), now=True)
+        build = package_builds.start(torch.export.export(module, (x,)), dict(aot_build.PACKAGE_CONFIG), now=True)
         data = build.result(timeout=600)
         usages.append(build.usage["phase_s"])
         _package_computes(data, module, x, tmp_path, f"p{index}")
@@ -165,7 +165,7 @@ def test_packages_built_by_the_build_process_share_one_interface_object_and_comp
             assert wrappers and 'extern "C" {' in archive.read(wrappers[0]).decode()
     assert usages[0].get("interface_made") == 1.0 and "interface_whole" not in usages[0], usages[0]
     assert usages[1].get("interface_reused") == 1.0 and "interface_whole" not in usages[1], usages[1]
-    objects = list(package_builds.interface_object_folder().rglob("*.o"))
+    objects = list(kept_folders.interface_object_folder().rglob("*.o"))
     assert len(objects) == 1, objects
 
 

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from compiler import GraphRegistry, ShapeRange, load_pipe
-from compiler.backends import aot, loader_check, package_loader
-from compiler.builds import package_builds
+from compiler.backends import loader_check, package_loader
+from compiler.builds import launch, package_builds, spares
 from compiler.serving.compiled_forward import CompileOptions
 from compiler.diffusers_api import compile_module
 from compiler.store.graph_store import GraphRefused, GraphStore
@@ -161,8 +161,8 @@ class _Small(torch.nn.Module):
 
 def test_a_build_whose_package_crashes_the_loader_runs_eager_with_the_reason_and_builds_no_more(
         checked, monkeypatch):
-    monkeypatch.setattr(package_builds, "CHILD", HERE / "crashing_load_build_child.py")
-    monkeypatch.setenv(package_builds.SPARE_ENV, "0")
+    monkeypatch.setattr(launch, "CHILD", HERE / "crashing_load_build_child.py")
+    monkeypatch.setenv(spares.SPARE_ENV, "0")
     module = _Small()
     twin = copy.deepcopy(module)
     registry = GraphRegistry()
@@ -233,7 +233,7 @@ def test_a_package_refused_here_raises_the_reason_not_a_crash(checked, monkeypat
     store = GraphStore(saved_pipe.graphs)
     with pytest.raises(GraphRefused, match="failed to load: CompileFailed: .*SIGSEGV"):
         store.load(store.graphs()[0])
-    assert aot.loader_check.refusal("cpu") is not None
+    assert loader_check.refusal("cpu") is not None
 
 
 def test_where_the_loader_crashed_a_whole_model_is_compiled_by_torch_compile_in_this_process(checked, monkeypatch,

@@ -58,7 +58,7 @@ def test_corners_of_one_multiple_compile_when_first_used_and_match_eager(caplog)
 def test_a_first_call_at_one_multiple_checks_its_corner_graphs_on_small_images():
     """A first call at latent 8x8, batch 1 (the UNet node's default minimum): its graph serves 8x8 only, so the
     range's corners compile in that call, each traced from a corner's own sizes; each such graph's check at a size
-    of 1 (aot.size_one_disagreement) runs the model and the graph once. It ran them at the corner's size, the
+    of 1 (aot_export.size_one_disagreement) runs the model and the graph once. It ran them at the corner's size, the
     range's largest image (for the real-depth SD1.5 UNet on this CPU: latent 256x256, attention over 65536
     positions, the first call not ended in 10 minutes); now on the smallest image the graph serves."""
     unet = _four_level_unet()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from compiler.backends import aot
+from compiler.backends import aot_build
 from compiler.builds import package_builds
 from compiler.build_process import precompiled_headers
 
@@ -28,9 +28,10 @@ import json, os, sys, tempfile
 sys.path.insert(0, {root!r})
 import torch
 from torch._inductor import codecache, config
-from compiler.backends import aot, precompiled_headers
+from compiler.backends import aot_build
+from compiler.build_process import precompiled_headers
 program = torch.export.export(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()), (torch.randn(2, 8),))
-configs = dict(aot.PACKAGE_CONFIG)
+configs = dict(aot_build.PACKAGE_CONFIG)
 with config.patch(configs):
     warm = precompiled_headers.start("cpu").wait()
     made = sorted(name for name in os.listdir(codecache._HEADER_DIR) if name.endswith(".gch"))
@@ -86,7 +87,7 @@ def test_nothing_is_made_where_inductor_would_not_use_them():
 def test_a_build_process_reports_the_seconds_it_spent_on_its_headers(tmp_path):
     program = torch.export.export(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU()).eval(),
                                   (torch.randn(2, 8),))
-    build = package_builds.start(program, dict(aot.PACKAGE_CONFIG), now=True)
+    build = package_builds.start(program, dict(aot_build.PACKAGE_CONFIG), now=True)
     build.result(timeout=600)
     figures = build.usage["phase_s"]
     assert "precompiled_header_failed" not in figures, figures
@@ -101,9 +102,10 @@ import json, os, sys, tempfile
 sys.path.insert(0, {root!r})
 import torch
 from torch._inductor import codecache, config
-from compiler.backends import aot, precompiled_headers
+from compiler.backends import aot_build
+from compiler.build_process import precompiled_headers
 program = torch.export.export(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()), (torch.randn(2, 8),))
-configs = dict(aot.PACKAGE_CONFIG)
+configs = dict(aot_build.PACKAGE_CONFIG)
 compile_once = lambda: torch._inductor.aoti_compile_and_package(
     program, package_path=os.path.join(tempfile.mkdtemp(), "g.pt2"), inductor_configs=configs)
 with config.patch(configs):

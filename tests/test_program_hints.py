@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.export import Dim
 
-from compiler.backends import aot
+from compiler.backends import aot_build
 from compiler.builds import package_builds
 from compiler.build_process import program_hints
 
@@ -30,7 +30,7 @@ class PooledWithCache(torch.nn.Module):
 
 def _exported(length: int = 64):
     x, cache = torch.randn(1, 4, length), torch.randn(1, 3, length // 4)
-    dynamic = ([{2: 8 * Dim("k", min=2, max=32)}, {2: Dim.AUTO(min=2, max=128)}],)  # as aot.export_program does
+    dynamic = ([{2: 8 * Dim("k", min=2, max=32)}, {2: Dim.AUTO(min=2, max=128)}],)  # as aot_export.export_program does
     return torch.export.export(PooledWithCache(), ([x, cache],), dynamic_shapes=dynamic, strict=False)
 
 
@@ -53,7 +53,7 @@ def test_a_program_without_missing_hints_is_left_alone():
 
 
 def test_the_build_process_builds_it_and_the_graph_serves_other_lengths(tmp_path):
-    build = package_builds.start(_exported(64), dict(aot.PACKAGE_CONFIG), now=True)
+    build = package_builds.start(_exported(64), dict(aot_build.PACKAGE_CONFIG), now=True)
     package = tmp_path / "graph.pt2"
     package.write_bytes(build.result(timeout=600))  # failed before: GuardOnDataDependentSymNode in the build
     assert build.usage["phase_s"]["hints_restored"] == 1.0, build.usage["phase_s"]  # k, reported with the phases

@@ -2,7 +2,7 @@
 
 With a batch range of 1 to 2, the size-oblivious trace (the aot backend's) assumes the batch is not 1, so to
 Inductor the range was 2 alone: the graph was built for 2, its guards accepted 1, and it returned two images
-for one. Now a size with a range of 1 to 2 is traced up to 3 (`aot._traced_high`): one graph serves 1 and 2.
+for one. Now a size with a range of 1 to 2 is traced up to 3 (`aot_export._traced_high`): one graph serves 1 and 2.
 As a safety net for whatever else a size-oblivious trace gets wrong at 1, a graph whose guards accept 1 is run
 there once when it is built and compared with the model; where they differ it serves 2 and up and 1 gets its
 own graph (checked here by bringing the old tracing back). All with the first-use check off, so nothing else
@@ -75,9 +75,9 @@ def test_two_images_first_then_one_equal_eager_without_the_first_use_check():
 def test_a_graph_that_computes_differently_at_one_serves_two_and_up(monkeypatch):
     """The safety net, seen with the old tracing (a range of 1 to 2 traced as 1 to 2): the graph traced at 2 is
     checked at 1 as it is built, differs, is held to 2 and up, and batch 1 gets its own graph."""
-    from compiler.backends import aot
+    from compiler.backends import aot_export
 
-    monkeypatch.setattr(aot, "_traced_high", lambda low, high: high)
+    monkeypatch.setattr(aot_export, "_traced_high", lambda low, high: high)
     for order in (ORDER, TWO_FIRST):
         worst, registry, decoder = _decode_in_order("aot", verify=False, order=order, samples_independent=False)
         assert worst < 1e-4, order
@@ -92,7 +92,7 @@ def test_the_inductor_backend_is_right_without_the_check():
 
 
 def test_a_call_is_cut_to_the_smallest_image_a_graph_serves_keeping_its_values():
-    """probes.cropped_call / smallest_served: what aot.size_one_disagreement runs its one model and graph call on."""
+    """probes.cropped_call / smallest_served: what aot_export.size_one_disagreement runs its one model and graph call on."""
     from compiler.keys.probes import cropped_call, smallest_served
     from compiler.keys.shapes import BATCH, SPATIAL
     from compiler.keys.signature import FlatCall

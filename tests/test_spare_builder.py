@@ -1,4 +1,4 @@
-"""A build process started ahead of its build (package_builds.prestart, a "spare") is started only for a build
+"""A build process started ahead of its build (spares.prestart, a "spare") is started only for a build
 that is coming: a compile starts one as it begins to trace, and a launched build starts the next one's only where
 another build waits for a slot or is being traced. A spare started after the last build of a process imported
 torch for nothing (about 5 s of a core) and was killed at exit: once in every process that compiled."""
@@ -10,15 +10,15 @@ import sys
 
 import pytest
 
-from compiler.builds import package_builds
+from compiler.builds import launch, package_builds, spares
 from compiler.backends.base import UNLABELLED
 
 pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
 
 
 def _launched(folder, monkeypatch, calls):
-    monkeypatch.setattr(package_builds, "prestart", lambda kind: calls.append((folder.name, kind)))
-    monkeypatch.setattr(package_builds, "_take_spare",
+    monkeypatch.setattr(spares, "prestart", lambda kind: calls.append((folder.name, kind)))
+    monkeypatch.setattr(spares, "_take_spare",
                         lambda _folder, _kind: subprocess.Popen([sys.executable, "-c", "pass"]))
     build = package_builds.PackageBuild(folder, UNLABELLED)
     build._launch()
@@ -50,12 +50,12 @@ def test_a_spare_imports_what_its_build_reads_and_compiles_with_before_the_build
     """On this 2-core CPU torch.export.load of a small program took 1.05-1.16 s in a process that had imported
     torch only, 0.02 s after these imports: a spare makes them while its caller traces."""
     code = ("import sys, importlib.util; spec = importlib.util.spec_from_file_location('c', sys.argv[1]); "
-            "run = importlib.util.module_from_spec(spec); spec.loader.exec_module(run); m = run.child_module(); "
-            "import torch; "
+            "run = importlib.util.module_from_spec(spec); spec.loader.exec_module(run); run.child_module(); "
+            "import importlib, torch; m = importlib.import_module(run.PACKAGE + '.build_process.spare'); "
             "failed = m._warm_imports(sys.argv[2]); "
             "print(','.join(failed) or '-', all(n in sys.modules for n in m.BUILD_IMPORTS))")
     for kind in ("cpu", "gpu"):
-        done = subprocess.run([sys.executable, "-c", code, str(package_builds.REAL_CHILD), kind],
+        done = subprocess.run([sys.executable, "-c", code, str(launch.REAL_CHILD), kind],
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         failed, imported = done.stdout.split()

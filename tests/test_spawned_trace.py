@@ -16,7 +16,6 @@ import copy
 import functools
 import os
 import signal
-import time
 
 import pytest
 import torch
@@ -25,9 +24,9 @@ from torch.export import Dim
 from diffusers import UNet2DConditionModel
 
 from compiler import CompileOptions
-from compiler.backends import aot
+from compiler.backends import aot_export
 from compiler.tracing import forked_trace, spawned_trace
-from compiler.builds import package_builds
+from compiler.builds import launch, package_builds
 from compiler.diffusers_api import compile_module
 from compiler.store.registry import GraphRegistry
 from compiler.demo.tiny_models import tiny_unet
@@ -55,7 +54,7 @@ def _build_of(forward) -> package_builds.PackageBuild:
 
 def _slow_builds(monkeypatch, seconds: int = 600) -> None:
     """Builds that wait (tests/support/slow_build_child.py): a test about the trace need not build the package."""
-    monkeypatch.setattr(package_builds, "CHILD", HERE / "slow_build_child.py")
+    monkeypatch.setattr(launch, "CHILD", HERE / "slow_build_child.py")
     monkeypatch.setenv("KEEPFAST_TEST_BUILD_DELAY_S", str(seconds))
 
 
@@ -137,7 +136,7 @@ def test_a_unet_trace_travels_and_gives_the_program_and_guards_a_trace_here_give
     unet, _, _, forward = background_unet(seed=21)
     args, kwargs = unet_call(1, 16)
     call = forward.flatten(args, kwargs)
-    work = functools.partial(aot.trace_for_build, unet, forward.forward_fn, call, RANGE)
+    work = functools.partial(aot_export.trace_for_build, unet, forward.forward_fn, call, RANGE)
     payload, rebuilt = _travelled(work, list(call.tensors), tmp_path)
     assert len(payload) < sum(p.nbytes for p in unet.parameters()) / 20, len(payload)  # without the weights
     assert {type(p).__name__ for p in rebuilt.args[0].parameters()} == {"FakeTensor"}

@@ -29,7 +29,9 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 import torch
 
-GGUF_ENV = "KEEPFAST_GGUF_PATH"
+from compiler.settings import GGUF_PATH, gguf_path as _gguf_path_setting
+
+GGUF_ENV = GGUF_PATH.name
 GGUF_PACKAGE = "comfyui_gguf_under_test"
 
 # A Flux with widths every weight's rows quantise at (Q4_K: 256 values per block): 256 wide, 2 heads of 128
@@ -50,7 +52,7 @@ CONFIGS = {"flux": ("Flux", FLUX_256), "wan": ("WAN21_T2V", WAN_256)}
 
 def gguf_path() -> Optional[str]:
     """Where ComfyUI-GGUF is checked out ($KEEPFAST_GGUF_PATH), or None."""
-    path = os.environ.get(GGUF_ENV, "")
+    path = _gguf_path_setting()
     return path if path and os.path.isfile(os.path.join(path, "nodes.py")) else None
 
 

@@ -4,7 +4,8 @@ The parts are built as ordinary packages in parallel build processes and joined 
 torch's own packager (`package_aoti`, a model named `part0`, `part1`, ... each), so a graph on disk is still
 one file with one checksum, and torch's single package loader opens each part by name. `ChainedRunner` has
 the interface of one loaded package (weight names, weights bound, a call on the flat inputs), so the rest of
-the aot backend serves a graph in parts as it serves a whole one.
+the aot backend serves a graph in parts as it serves a whole one. `_parts_usage`: the parts' builds reported as
+one build.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Callable, Dict, List, Sequence
 
 import torch
 
+from ..build_process.build_profile import SLOWEST_KERNELS
 from ..tracing.program_split import Wiring
 
 MODEL_FOLDER = "/data/aotinductor/"
@@ -85,3 +87,35 @@ class ChainedRunner:
 
 def temporary_folder(parent: Path) -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix="keepfast-join-", dir=parent)
+
+
+# Phases that add up over parts built at once (counts, CPU seconds, processes, cores); the others are times.
+_SUMMED_OVER_PARTS = ("kernels", "compile_cpu_s", "compile_processes_max", "compile_cores_busy", "hints_restored",
+                      "interface_made", "interface_reused", "interface_whole")
+_SUMMED_PREFIX = "triton_"  # the Triton kernels' counts and build seconds (build_profile.KernelBuilds)
+
+
+def _parts_usage(usages: List[dict]) -> dict:
+    """The parts' builds as one: the largest peak memory; per phase, the slowest part's (they ran at once), but
+    the kernels, CPU seconds, processes and busy cores of all parts; the slowest part's main-thread samples."""
+    out: dict = {}
+    for key in ("peak_rss_mb", "compiler_peak_rss_mb"):
+        values = [u[key] for u in usages if key in u]
+        if values:
+            out[key] = max(values)
+    phases: Dict[str, float] = {}
+    for usage in usages:
+        for name, value in usage.get("phase_s", {}).items():
+            summed = name in _SUMMED_OVER_PARTS or name.startswith(_SUMMED_PREFIX)
+            phases[name] = round(phases.get(name, 0.0) + value, 2) if summed else max(phases.get(name, 0.0), value)
+    out["phase_s"] = {**phases, "parts": float(len(usages))}
+    # each part's own phases too: whether one part's kernels kept the others waiting (the H200's SD1.5, fifth
+    # session: 62.8 s waiting for Triton's builds with 3 parts of 5 workers each, each part's share not recorded)
+    out["parts_phase_s"] = [dict(u.get("phase_s", {})) for u in usages]
+    kernels = sorted((k for u in usages for k in u.get("slowest_kernels", [])), key=lambda k: -k[1])
+    if kernels:  # the longest kernel builds over every part
+        out["slowest_kernels"] = kernels[:SLOWEST_KERNELS]
+    slowest = max(usages, key=lambda u: u.get("phase_s", {}).get("inductor_s", 0.0), default={})
+    if slowest.get("main_thread"):
+        out["main_thread"] = slowest["main_thread"]
+    return out

@@ -71,7 +71,7 @@ class WeightsElsewhere(CannotServe, RuntimeError):
 
 
 def call_device(tensors: Sequence[torch.Tensor]) -> torch.device:
-    """The device a call runs on: that of its first tensor not on the CPU (the runner `aot.device_index` picks),
+    """The device a call runs on: that of its first tensor not on the CPU (the runner `aot_loading.device_index` picks),
     else the CPU."""
     for tensor in tensors:
         if tensor.device.type != "cpu":
@@ -217,7 +217,7 @@ class BuildLabel:
 
     @property
     def times_key(self) -> str:
-        """The kind its build time is remembered under: the graph's family (the same graph next session)."""
+        """The kind its build time is remembered under: the graph's family (the same graph in a later process)."""
         return self.family or self.what
 
 

@@ -31,16 +31,17 @@ or KEEPFAST_CUDA_GRAPHS=1).
 from __future__ import annotations
 
 import logging
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..settings import CUDA_GRAPHS, cuda_graphs
+
 log = logging.getLogger("keepfast")
 
-ENV = "KEEPFAST_CUDA_GRAPHS"
+ENV = CUDA_GRAPHS.name
 KEPT = 2  # captured shapes per runner: a sampler's cond+uncond batch, and one other (a hires pass)
 CAPTURE_ON_CALL = 2  # the call of a shape that is captured (the first warms the libraries' lazy state)
 
@@ -49,7 +50,7 @@ Runner = Callable[[List[torch.Tensor]], Sequence[torch.Tensor]]
 
 def asked_for() -> bool:
     """Whether KEEPFAST_CUDA_GRAPHS asks for replays by default."""
-    return os.environ.get(ENV, "0") == "1"
+    return cuda_graphs()
 
 
 @dataclass

@@ -31,7 +31,6 @@ import datetime as _dt
 import functools
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -40,14 +39,15 @@ from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 
+from ..settings import LOADER_CHECK, LOADER_VERDICTS, loader_check, loader_verdicts
 from ..store import file_lock
 from ..store.atomic import write_bytes
 
 log = logging.getLogger("keepfast")
 
 CHILD = Path(__file__).with_name("package_loader.py")  # what a check runs (tests put a script of their own here)
-VERDICTS_ENV = "KEEPFAST_LOADER_VERDICTS"
-CHECK_ENV = "KEEPFAST_LOADER_CHECK"  # "all": CPU packages too; "0": never (a machine the user vouches for)
+VERDICTS_ENV = LOADER_VERDICTS.name
+CHECK_ENV = LOADER_CHECK.name  # "all": CPU packages too; "0": never (a machine the user vouches for)
 TIMEOUT_S = 300.0  # a check loads one package (seconds); a slow disk or a busy GPU may take longer
 # In every machine key: verdicts recorded before the pack linked libstdc++ as a shared library (cxx_linkage.py, the
 # cause of the GPU machines' crashes) are not this pack's. A constant, not a compiler call: loading saved graphs
@@ -68,14 +68,14 @@ def kind_of(device: str) -> str:
 
 def applies(kind: str) -> bool:
     """Whether packages of device kind `kind` are loaded elsewhere before they are loaded here."""
-    setting = os.environ.get(CHECK_ENV, "")
+    setting = loader_check()
     if setting == "0":
         return False
     return kind != "cpu" or setting == "all"
 
 
 def verdicts_path() -> Path:
-    configured = os.environ.get(VERDICTS_ENV)
+    configured = loader_verdicts()
     if configured:
         return Path(configured)
     from ..store.trust import default_trust_path

@@ -30,7 +30,7 @@ def new_loader(path: str, model: str = "model", device_index: int = -1):
     mode torch's model container (aoti_runtime/model_container.h, torch 2.11) has one model instance here, so
     each call after the first reclaims it from the last call with cudaEventQuery, and waits on it with
     cudaEventSynchronize while it is still running: the host waits for the GPU between calls, and a CUDA graph
-    capture fails ("operation failed due to a previous error during capture", the first H200 run, 2026-11-27).
+    capture fails ("operation failed due to a previous error during capture", H200, torch 2.11+cu130).
     The pack never runs one container from two threads at once (AotGraph.run and SharedRunner.run hold the
     graph's lock), which is what that mode's synchronisation is for."""
     import torch

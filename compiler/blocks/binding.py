@@ -34,7 +34,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.utils._pytree as pytree
 
-from ..backends.aot import AotGraph, index_of
+from ..backends.aot import AotGraph
+from ..backends.aot_loading import index_of
 from ..backends.borrowed_weights import BorrowedWeights, bind, borrowed_views
 from ..tracing.weight_inputs import with_weights
 from ..backends.base import CompiledGraph, WeightsElsewhere, call_device, weights_elsewhere

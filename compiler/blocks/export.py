@@ -30,12 +30,12 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
 
-from ..builds import package_builds
+from ..builds import package_builds, spares
 from ..tracing import weight_inputs
-from ..backends.aot import (
-    PACKAGE_CONFIG, AotGraph, Built, _guards_from, build_package, read_built, refuse_where_the_loader_crashes,
-    with_phases,
-)
+from ..backends.aot import AotGraph, with_phases
+from ..backends.aot_build import PACKAGE_CONFIG, Built, build_package, read_built
+from ..backends.aot_export import _guards_from
+from ..backends.aot_loading import refuse_where_the_loader_crashes
 from ..build_process.stack_traces import without_stack_traces
 from ..serving.quiet import third_party_quiet
 from ..backends.base import BuildLabel, CompileFailed, PackageInfo
@@ -201,7 +201,7 @@ def export_block(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: G
     """
     refuse_where_the_loader_crashes(key.family.device)
     progress("tracing with torch.export", 0.05)
-    package_builds.prestart(key.family.device)  # its build process starts Python and torch while this traces
+    spares.prestart(key.family.device)  # its build process starts Python and torch while this traces
     marks = [time.perf_counter()]
     traced = trace_block(module, call, bounds, key, forward, tracing)
     marks.append(time.perf_counter())
@@ -231,7 +231,7 @@ def block_for_build(module: torch.nn.Module, call: FlatCall, bounds: Bounds, key
 
 class BlockBuild:
     """A block traced (in a fork of this process, a spawned process, or here: backends/forked_trace.py,
-    backends/spawned_trace.py) whose package builds in a child process (backends/package_builds.py). Traced
+    backends/spawned_trace.py) whose package builds in a child process (builds/package_builds.py). Traced
     here, the trace's CompileFailed is raised now."""
 
     def __init__(self, module: torch.nn.Module, call: FlatCall, bounds: Bounds, key: GraphKey, label: BuildLabel,

@@ -12,15 +12,19 @@ run time is not used again in this process. The first time the graph serves
 a set of input shapes, the instance also runs eagerly and the two are
 compared (`compiler.serving.verify`, as for whole models): a graph that disagrees is
 retired for those shapes.
+
+Beside it: the graph's source (graph_source.py: registry, store, another
+process's build, a compile), the checks a graph passes before it serves
+(graph_checks.py: sizes of 1 against eager, the range corners its guards
+exclude) and the instances' stand-in forward (instance.py).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -34,25 +38,19 @@ from ..keys.graph_keys import FamilyKey, GraphKey
 from ..store.registry import FALLBACK, MISMATCH, REFUSED
 from ..keys.signature import FlatCall, UnsupportedCall
 from ..store.graph_store import StoreError
-from ..serving.verify import Snapshot, compare, judge, retired_reason, snapshot
+from ..serving.verify import Snapshot, judge, retired_reason, snapshot
 from . import tokens as T
 from ..backends.base import call_device
 from .binding import InstanceWeights, SharedRunner
+from .graph_checks import Shapes, corner_notes, unit_size_failure
 from .graph_source import BlockGraphSource
 from .finder import BlockGroup
+from .instance import BlockInstance
 
 log = logging.getLogger("keepfast")
 
 _MISSING = object()
 _SHAPE_CACHE_LIMIT = 256
-
-
-class _Shapes:
-    """What a graph's `why_not` reads of a call: its tensor shapes and their names."""
-
-    def __init__(self, shapes: Sequence[Tuple[int, ...]], paths: Sequence[str]):
-        self.shapes = list(shapes)
-        self.tensor_paths = list(paths)
 
 
 def _same_constant(now: Any, then: Any) -> bool:
@@ -62,54 +60,6 @@ def _same_constant(now: Any, then: Any) -> bool:
     if isinstance(now, torch.Tensor) or isinstance(then, torch.Tensor):
         return False
     return bool(now == then)
-
-
-def _cut(tensor: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    """The leading part of `tensor` with `shape` (each size at most the tensor's)."""
-    for dim, size in enumerate(shape):
-        if tensor.shape[dim] != size:
-            tensor = tensor.narrow(dim, 0, size)
-    return tensor
-
-
-class BlockInstance:
-    """One block of the model; its `forward` is replaced by this object."""
-
-    is_keepfast_dispatcher = True  # installed as the block's forward: traces want the block itself
-
-    def __init__(self, server: "BlockServer", index: int, path: str, module: torch.nn.Module):
-        self.server = server
-        self.index = index
-        self.path = path
-        self.module = module
-        self.original = module.__dict__.get("forward")  # an instance-level forward someone else set
-        self.weights: Optional[InstanceWeights] = None
-        self.checked_version: Any = None  # (weights' version, call device) the reason below was found for
-        self.weights_reason: Optional[str] = None
-        self.graph_calls = 0
-        self.eager_calls = 0
-        self.last_status = "not run yet"
-
-    def __call__(self, *args, **kwargs) -> Any:
-        return self.server.call(self, args, kwargs)
-
-    def eager(self, args: tuple, kwargs: dict) -> Any:
-        if self.original is not None:
-            return self.original(*args, **kwargs)
-        return type(self.module).forward(self.module, *args, **kwargs)
-
-    def install(self) -> None:
-        self.module.forward = self
-
-    def uninstall(self) -> None:
-        if self.module.__dict__.get("forward") is self:
-            if self.original is not None:
-                self.module.forward = self.original
-            else:
-                del self.module.forward
-
-
-_CORNER_WORDS = {T.FRAMES: "latent frames", T.AUDIO: "audio tokens"}  # the counts a range corner may add
 
 
 class BlockServer:
@@ -245,7 +195,7 @@ class BlockServer:
         self._positions = list(call.tensor_positions)
         self._constants = [(i, leaf) for i, leaf in enumerate(call.leaves) if i not in set(call.tensor_positions)]
         self._dtypes = tuple(t.dtype for t in call.tensors)
-        self.notes.extend(self._corner_notes(graph, call))
+        self.notes.extend(corner_notes(graph, call, self.roles, self.engine.block_range))
         options = self.engine.options
         if self.origin == "compiled" and options.autosave and options.store is not None:
             problem = self.save(options.store)
@@ -255,65 +205,10 @@ class BlockServer:
 
     def check_unit_sizes(self, candidate: CompiledGraph, units: Dict[str, Tuple[int, int]],
                           call: FlatCall) -> Optional[str]:
-        """None if the graph gives the block's eager result where the range's sizes of 1 are.
-
-        The probe call's inputs are cut down to size 1 along those roles (all of
-        them at once, then each alone) and run both ways; values do not matter,
-        the same inputs go to both. Agreement is the first-use check's
-        (`compiler.serving.verify.compare`, the output dtype's tolerance).
-        """
-        instance = self.lead
-        paths = call.tensor_paths
-        at_one = sorted({self.roles[paths[leaf]][dim].partition("+")[0] for leaf, dim in units.values()})
-        probe = self.engine.probe_counts[0]
-        variants = [at_one] + ([[role] for role in at_one] if len(at_one) > 1 else [])
-        with torch.no_grad():
-            for roles in variants:
-                # a timestep's rows follow its tokens unless they are at one themselves
-                counts = {k: v for k, v in T.counted(probe).items() if not k.startswith(T.ROWS)}
-                counts.update({role: 1 for role in roles})
-                counts = T.role_values(counts)
-                shapes = T.shapes_at(call.shapes, paths, self.roles, counts)
-                tensors = [_cut(t, shape) for t, shape in zip(call.tensors, shapes)]
-                where = ", ".join(f"{role} 1" for role in roles)
-                agreement = self._compare(candidate, instance, call, tensors)
-                if agreement is None:
-                    return f"the graph does not take {where}"
-                if not agreement.ok:
-                    return f"at {where} the graph differs from eager: {agreement.describe()}"
-        return None
-
-    def _compare(self, graph: CompiledGraph, instance: BlockInstance, call: FlatCall, tensors):
-        args, kwargs = call.rebuild([t.contiguous() for t in tensors])
-        flat = FlatCall(args, kwargs, role_policy=lambda path, tensor: self.roles.get(path, {}))
-        if graph.why_not(flat) is not None:
-            return None
-        # bound as a served call binds (the family's per-call tensors included), not by the module's own tensors
-        weights = InstanceWeights(instance.module, self.engine.family.call_tensors)
-        output = SharedRunner(graph).run(weights, flat.tensors, call.rebuild)
-        return compare(output, instance.eager(*self.engine.family.reference_inputs(args, kwargs)))
-
-    def _corner_notes(self, graph: CompiledGraph, call: FlatCall) -> List[str]:
-        """Range corners the graph's guards exclude (they will run eager), read without running it."""
-        block_range = self.engine.block_range
-        notes = []
-        used = {role for dims in self.roles.values() for role in dims.values()}
-        # frames and audio tokens are corners only where an input has them (most families' calls have neither)
-        extra = [role for role in (T.FRAMES, T.AUDIO) if role in used]
-        for corner in itertools.product(*(block_range.bounds(role) for role in (T.BATCH, T.TOKENS, T.SEQUENCE)),
-                                        *(block_range.bounds(role) for role in extra)):
-            values = dict(zip((T.BATCH, T.TOKENS, T.SEQUENCE, *extra), corner))
-            counts = T.role_values({T.FRAMES: 1, T.AUDIO: 0, **values})
-            shapes = T.shapes_at(call.shapes, call.tensor_paths, self.roles, counts)
-            try:
-                failure = graph.why_not(_Shapes(shapes, call.tensor_paths))
-            except Exception as error:
-                failure = f"its guards cannot be checked ({type(error).__name__}: {error})"
-            if failure:
-                where = "".join(f", {values[role]} {_CORNER_WORDS[role]}" for role in extra)
-                notes.append(f"batch {values[T.BATCH]}, {values[T.TOKENS]} image tokens, {values[T.SEQUENCE]} text "
-                             f"tokens{where}: {failure}")
-        return notes
+        """None if the graph gives the block's eager result where the range's sizes of 1 are (graph_checks.py:
+        the lead instance runs the probe call cut down to them, both ways)."""
+        return unit_size_failure(candidate, units, call, self.lead, self.roles, self.engine.probe_counts[0],
+                                 self.engine.family)
 
     def save(self, store) -> Optional[str]:
         """Write the graph into `store`; the problem, if it could not be."""
@@ -334,6 +229,15 @@ class BlockServer:
         self.saved = str(stored.package_path)
         self.saved_name = stored.name
         return None
+
+    def settle(self, reason: Optional[str]) -> bool:
+        """Serve from the adopted graph (`reason` None), or run eager with `reason`, recorded once: whether the
+        block now serves from a graph (its graph source settles a build it waited for or took in)."""
+        self.reason = reason
+        if reason is not None:
+            self.graph = None
+            self.record_fallback(reason)
+        return reason is None
 
     # -- calling ------------------------------------------------------------
     def record_fallback(self, reason: str, instance: Optional[BlockInstance] = None) -> None:
@@ -500,7 +404,7 @@ class BlockServer:
             role, why = outside
             advice = (self.engine.options.range_advice or {}).get(role)
             return f"{why} ({advice})" if advice else why
-        return self.graph.why_not(_Shapes(shapes, template.tensor_paths))
+        return self.graph.why_not(Shapes(shapes, template.tensor_paths))
 
     def _structure_difference(self, args, kwargs) -> str:
         try:

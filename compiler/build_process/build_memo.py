@@ -15,7 +15,7 @@ parent wrote it (the weights' layout, the examples, Inductor's settings after th
 and the Python running the build. Nothing else is read, so the folder must be one this machine's builds wrote: the
 parent passes it in the job only where its own environment names it, never from a graphs folder.
 
-Standalone (the standard library only): a build process loads it by its path (build_process/child.py).
+The standard library and compiler/settings.py only (the build process imports it: build_process/child.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ import sys
 import tempfile
 from typing import Optional
 
-MEMO_ENV = "KEEPFAST_BUILD_MEMO"
+from ..settings import BUILD_MEMO, build_memo
+
+MEMO_ENV = BUILD_MEMO.name
 # Job fields that say how fast the build runs, not what it builds (the CPU-level probe's verdict is in the final
 # settings; the folders that keep the ISA probe's and the C++ linkage's verdicts stay in the key).
 _NOT_THE_PROGRAM = ("nice", "compile_threads", "probe", "memo")
@@ -36,7 +38,7 @@ _NOT_THE_PROGRAM = ("nice", "compile_threads", "probe", "memo")
 
 def folder_for_job() -> str:
     """What the parent writes in a job: the folder KEEPFAST_BUILD_MEMO names now ("" where unset)."""
-    return os.environ.get(MEMO_ENV, "").strip()
+    return build_memo()
 
 
 def key(program_path: str, job: dict, configs: dict, torch_version: str) -> str:

@@ -15,6 +15,9 @@ It imports torch, those operator modules and this folder's modules (the pack's p
 is not one a child process can import: run.py enters the compiler package under a name of its own). It lowers its own priority so the
 sampler in the parent keeps the cores it needs, unless the parent waits for it (the job's "nice": 0). When the parent is gone (its lifeline pipe reads
 end-of-file), it stops and removes what the build and the parent left.
+
+In modules of their own: the lifeline's watch (lifeline.py), the memory bound (memory_bound.py), the CPU level and
+vector-ISA probes (isa_probe.py), the stack reports (stack_reports.py) and the spare's wait (spare.py).
 """
 
 from __future__ import annotations
@@ -27,7 +30,12 @@ import traceback
 from typing import List, Optional
 
 from . import (build_memo, build_profile, child_priority, cxx_linkage, gpu_reductions, interface_object,
-               precompiled_headers, program_hints, stack_traces)
+               precompiled_headers, program_hints, spare, stack_traces)
+from .isa_probe import _no_isa_probe, _probe, _probe_isa, skips_isa_probe
+from .lifeline import _stop_when_the_parent_is_gone
+from .memory_bound import _bound_memory
+from .stack_reports import _report_stacks
+from ..settings import loader_check
 
 BEGUN = time.perf_counter()
 
@@ -48,7 +56,7 @@ def _load_first(folder: str, package: str, kind: str) -> dict:
     caller. The file "loading" (loader_check.LOADING_MARK), holding the kind, says the load was under way: the
     caller reads it beside the signal.
     Returns {"load_check_s": seconds} when it loaded, {} when not asked."""
-    setting = os.environ.get("KEEPFAST_LOADER_CHECK", "")
+    setting = loader_check()
     if setting == "0" or (kind == "cpu" and setting != "all"):
         return {}
     began = time.perf_counter()
@@ -63,7 +71,7 @@ def _load_first(folder: str, package: str, kind: str) -> dict:
 
 
 def _made(layout: list):
-    """A tensor with no values made from its layout (package_builds._layout): shape, stride, dtype, device, whether
+    """A tensor with no values made from its layout (job_folder._layout): shape, stride, dtype, device, whether
     a Parameter."""
     import torch
 
@@ -83,120 +91,6 @@ def _examples(examples, layouts: list):
     leaves, spec = pytree.tree_flatten(examples)
     return pytree.tree_unflatten([leaf if layout is None else _made(layout) for leaf, layout in zip(leaves, layouts)],
                                  spec)
-
-
-_job = {"folder": None, "watched": False}  # this process's build folder once it has one; the lifeline watched
-
-
-def _stop_when_the_parent_is_gone(folder: Optional[str]) -> None:
-    """Watch the parent's lifeline (a pipe whose write end only the parent holds): end-of-file means the parent
-    is gone, however it ended (SIGTERM and SIGKILL run no exit handler there). Then stop this build and the
-    compilers it started (this process's group), remove its folder, and sweep what the parent left (its run
-    folder, with the sweep every process runs at start: compiler/store/extraction.py, loaded by path, stdlib only).
-    A spare (`spare`) watches from its start, before it has a folder."""
-    _job["folder"] = folder or _job["folder"]
-    fd = os.environ.get("KEEPFAST_PARENT_LIFELINE_FD", "")
-    if not fd.isdigit() or _job["watched"]:
-        return
-    _job["watched"] = True
-    import signal
-    import threading
-
-    # The clean-up runs in the main thread (a signal handler), so the build stops writing while it runs: a
-    # blocked wait for a compiler is interrupted for it.
-    signal.signal(signal.SIGTERM, lambda *_: _clean_up_after_the_parent(_job["folder"]))
-
-    def watch() -> None:
-        try:
-            while os.read(int(fd), 1):
-                pass
-        except OSError:
-            pass
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="keepfast-parent-lifeline", daemon=True).start()
-
-
-def _clean_up_after_the_parent(folder: Optional[str]) -> None:
-    import shutil
-    import signal
-    import time
-
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        os.killpg(os.getpgrp(), signal.SIGTERM)  # the compiler processes (this one ignores it)
-    except OSError:
-        pass
-    if folder is None:  # a spare that had no build yet: nothing of its own to remove
-        os._exit(1)
-    time.sleep(0.2)
-    shutil.rmtree(folder, ignore_errors=True)
-    sweeper = os.environ.get("KEEPFAST_SWEEPER")
-    run_folder = os.path.dirname(os.path.abspath(folder))
-    if sweeper and os.path.isfile(sweeper):
-        import importlib.util
-
-        try:
-            spec = importlib.util.spec_from_file_location("keepfast_extraction_sweep", sweeper)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            for _ in range(50):  # the parent's lock is released when its last file closes: soon, not at once
-                module.sweep()
-                if not os.path.exists(run_folder):
-                    break
-                time.sleep(0.1)
-        except Exception:  # noqa: BLE001 - the next start's sweep removes it then
-            pass
-    os._exit(1)
-
-
-MEMORY_ENV = "KEEPFAST_BUILD_MEMORY_MB"
-
-
-def _memory_limit_mb() -> float:
-    """The most a build may hold resident with its compilers: KEEPFAST_BUILD_MEMORY_MB (0: no limit), else half
-    of this machine's memory (the model being served keeps the rest)."""
-    value = os.environ.get(MEMORY_ENV, "")
-    try:
-        if value:
-            return float(value)
-    except ValueError:
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 / 2**20
-    except (ValueError, OSError, AttributeError):
-        return 0.0
-
-
-def _group_rss_mb(profile) -> float:
-    """Resident memory of this process and the compiler processes it started (its process group), MB
-    (`profile`: build_profile.py, loaded once)."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    return sum(int(fields[21]) * page for fields in profile.group_process_stats(os.getpgrp())) / 2**20
-
-
-def _bound_memory(folder: str) -> None:
-    """Stop the build (and its compilers) once they hold more than the limit together, saying so in error.txt."""
-    limit = _memory_limit_mb()
-    if limit <= 0 or not os.path.isdir("/proc"):
-        return
-    import signal
-    import threading
-    import time
-
-    profile = build_profile
-
-    def watch() -> None:
-        while True:
-            used = _group_rss_mb(profile)
-            if used > limit:
-                with open(os.path.join(folder, "error.txt"), "w") as handle:
-                    handle.write(f"MemoryError: the build held {used:.0f} MB with its compilers, more than its limit "
-                                 f"of {limit:.0f} MB ({MEMORY_ENV}); stopped\n")
-                os.killpg(os.getpgrp(), signal.SIGKILL)  # this process too: the parent reads error.txt
-            time.sleep(0.25)
-
-    threading.Thread(target=watch, name="keepfast-build-memory", daemon=True).start()
 
 
 # Inductor's own phase timers (torch._dynamo.utils.compilation_time_metrics) reported per build, under the names a
@@ -256,105 +150,6 @@ def _write_usage(folder: str, phases: dict, samples: Optional[list] = None, slow
         pass
 
 
-def _probe(folder: str, machine_fit: str) -> dict:
-    """The CPU level to build for, picked here (the pack's machine_fit.py, loaded by path), written to
-    probe.json for the parent; the Inductor settings it adds."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("keepfast_machine_fit", machine_fit)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    probe = module.build_probe()
-    with open(os.path.join(folder, "probe.json"), "w") as handle:
-        json.dump(probe, handle)
-    return {"cpp.march": probe["march"]} if probe.get("march") else {}
-
-
-def _probe_isa(kept: str) -> None:
-    """Inductor's vector-ISA probe, its test programs built in `kept` (a folder kept per machine and torch): after
-    the first build they are found there, not built again. Its result stays in this process (Inductor caches it),
-    so the build itself then runs in its own fresh cache."""
-    if not kept:
-        return
-    build_cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    try:
-        os.makedirs(kept, exist_ok=True)
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = kept
-        from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-        pick_vec_isa()
-    except Exception:  # noqa: BLE001 - the build probes in its own cache then, as Inductor always does
-        pass
-    finally:
-        if build_cache is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = build_cache
-
-
-def skips_isa_probe(configs: dict) -> bool:
-    """Whether a job's Inductor settings leave the host code without a vector ISA (a GPU program's:
-    package_builds.GPU_HOST_ISA), so that no probe of one may run in this process."""
-    return configs.get("cpp.vec_isa_ok") is False
-
-
-def _no_isa_probe() -> None:
-    """No vector ISA for this process's host code, set before anything asks Inductor for one: its probe caches what
-    it found per process, and a probe run once (in torch 2.11, a Python importing torch per ISA checked) would
-    decide the package's ISA whatever the build's own settings say."""
-    try:
-        import torch._inductor.config as inductor_config
-
-        inductor_config.cpp.vec_isa_ok = False
-    except (ImportError, AttributeError):
-        pass
-
-
-STACKS_ENV = "KEEPFAST_BUILD_STACKS"  # a folder: this process writes its stacks there every STACKS_EVERY_S
-STACKS_EVERY_S = 30.0
-
-
-def other_threads_stacks(depth: Optional[int] = None) -> List[str]:
-    """Every other thread's Python stack as lines ("Thread NAME:", then its last `depth` frames), read from a
-    Python thread that holds the GIL (the bench's worker._print_stacks_later says why not faulthandler)."""
-    import threading
-
-    names = {thread.ident: thread.name for thread in threading.enumerate()}
-    lines: List[str] = []
-    for ident, frame in sys._current_frames().items():
-        if ident != threading.get_ident():
-            lines.append(f"Thread {names.get(ident, ident)}:")
-            lines += [line.rstrip() for line in traceback.format_stack(frame)[-(depth or 0):]]
-    return lines
-
-
-def _report_stacks(folder: str) -> None:
-    """Where a slow build is (the device check's SD1.5 build had not ended in 230 s on a GPU, and the stacks the
-    job printed were its own, waiting on this process): every STACKS_EVERY_S, this process's Python stacks into
-    `$KEEPFAST_BUILD_STACKS/build-<pid>.txt` (replaced whole), which the bench's worker prints at its time limit.
-    From a Python thread holding the GIL (worker._print_stacks_later says why not faulthandler)."""
-    where = os.environ.get(STACKS_ENV)
-    if not where:
-        return
-    import threading
-
-    path = os.path.join(where, f"build-{os.getpid()}.txt")
-
-    def report() -> None:
-        while True:
-            time.sleep(STACKS_EVERY_S)
-            lines = [f"build process {os.getpid()} ({os.path.basename(folder)}), {time.perf_counter() - BEGUN:.0f} s "
-                     "after its start:"] + other_threads_stacks(depth=25)
-            try:
-                with open(path + ".partial", "w") as handle:
-                    handle.write("\n".join(lines) + "\n")
-                os.replace(path + ".partial", path)
-            except OSError:
-                return
-
-    threading.Thread(target=report, name="keepfast-build-stacks", daemon=True).start()
-
-
 def warm_kernel_compilers(threads: Optional[int]) -> bool:
     """Start Inductor's Triton compile workers now, for a GPU program (True if they were asked to start).
 
@@ -364,7 +159,7 @@ def warm_kernel_compilers(threads: Optional[int]) -> bool:
     Triton) compiles one after another in this process. On the H200 code generation took 8.7 s for a 50-line
     module and 8.3 s for a Flux block (docs/gpu.md); how much of that was this wait is for the next GPU run to
     show. Started here, the workers start while this process reads the program and lowers it. `threads`: how many
-    (package_builds.kernel_compile_threads; None: Inductor's own choice or TORCHINDUCTOR_COMPILE_THREADS)."""
+    (slots.kernel_compile_threads; None: Inductor's own choice or TORCHINDUCTOR_COMPILE_THREADS)."""
     try:
         import torch._inductor.config as inductor_config
         from torch._inductor.async_compile import maybe_warm_pool
@@ -380,7 +175,7 @@ def warm_kernel_compilers(threads: Optional[int]) -> bool:
 def main(folder: str) -> int:
     _stop_when_the_parent_is_gone(folder)
     _bound_memory(folder)
-    _report_stacks(folder)
+    _report_stacks(folder, BEGUN)
     try:
         import torch
 
@@ -410,9 +205,9 @@ def main(folder: str) -> int:
             os.environ[interface_object.LOG_ENV] = os.path.join(folder, INTERFACE_LOG)
         # Inductor picks the vector ISA for the host code of every package, a CUDA one too (AotCodeCompiler calls
         # pick_vec_isa). For a CPU program the probe runs here: from the folder kept per machine, where its test
-        # programs are built once. A GPU program's job says no ISA (package_builds.GPU_HOST_ISA), so none is
+        # programs are built once. A GPU program's job says no ISA (job_folder.GPU_HOST_ISA), so none is
         # probed; nor is the CPU level (`probe`): a CUDA program's host code is built with no -march, and the
-        # parent wrote what it is built for (package_builds._write_job).
+        # parent wrote what it is built for (job_folder._write_job).
         if not no_isa:
             _probe_isa(job.get("isa_cache", ""))
         if job.get("probe"):
@@ -491,65 +286,13 @@ def _interface_objects(folder: str) -> dict:
     return {name: float(count) for name, count in counts.items() if count}
 
 
-# What a build imports after torch, imported by a spare while it waits for its build: reading a program
-# (torch.export's deserialiser) and AOTInductor's compiler, with Triton's code generation for a GPU program.
-# On this 2-core CPU (torch 2.13) torch.export.load of a small program took 1.05-1.16 s in a process that had
-# imported torch only, 0.02 s after these imports (1.8 s); a spare starts while its caller traces, so that time
-# is off the build's path.
-BUILD_IMPORTS = ("torch.export", "torch._export.serde.serialize", "torch._inductor.compile_fx",
-                 "torch._inductor.codecache", "torch._inductor.graph", "torch._inductor.scheduler",
-                 "torch._inductor.codegen.cpp_wrapper_cpu", "torch._inductor.package")
-GPU_BUILD_IMPORTS = ("triton", "torch._inductor.codegen.triton", "torch._inductor.codegen.cpp_wrapper_gpu",
-                     "torch._inductor.runtime.triton_heuristics")
-
-
-def _warm_imports(kind: str) -> List[str]:
-    """Import what a build of `kind` ("cpu" or "gpu") will (BUILD_IMPORTS); the modules that would not import
-    are left to the build, which says why if it needs them."""
-    import importlib
-
-    failed = []
-    for name in BUILD_IMPORTS + (GPU_BUILD_IMPORTS if kind != "cpu" else ()):
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a CPU-only torch has no Triton; the build imports what it needs
-            failed.append(name)
-    return failed
-
-
-SPARE_WAIT_S = 600  # a spare that gets no build in this time ends (its memory is the parent's machine's)
-
-
-def spare(kept_isa_cache: str, kind: str = "cpu") -> int:
-    """A build process started before its build (package_builds.prestart): torch imported, and for a `kind` "cpu"
-    build the ISA probe run, while the parent traces the graph; then it reads its job folder from stdin and builds
-    as `main` does (the parent gives it a build of its kind only). It ends without building on end-of-file, after
-    SPARE_WAIT_S, or with its parent."""
-    import select
-
-    _stop_when_the_parent_is_gone(None)
-    import torch  # noqa: F401 - what the spare is for
-
-    if kind == "cpu":
-        _probe_isa(kept_isa_cache)
-    else:
-        _no_isa_probe()
-    _warm_imports(kind)
-    ready, _, _ = select.select([sys.stdin], [], [], SPARE_WAIT_S)
-    folder = sys.stdin.readline().strip() if ready else ""
-    if not folder:
-        return 0
-    global BEGUN
-    BEGUN = time.perf_counter()  # its phases count from its build, not from its start
-    output = os.open(os.path.join(folder, "output.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(output, 1)
-    os.dup2(output, 2)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(folder, "cache")
-    return main(folder)
-
-
 def run(argv: List[str]) -> int:
     """`run.py JOB_FOLDER` builds that job; `run.py --spare ISA_CACHE [KIND]` waits for one as a spare."""
     if argv[0] == "--spare":
-        return spare(argv[1], argv[2] if len(argv) > 2 else "cpu")
+        folder = spare.wait_for_build(argv[1], argv[2] if len(argv) > 2 else "cpu")
+        if not folder:
+            return 0
+        global BEGUN
+        BEGUN = time.perf_counter()  # its phases count from its build, not from its start
+        return main(folder)
     return main(argv[0])

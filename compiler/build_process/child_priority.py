@@ -7,8 +7,8 @@ whatever else the machine runs (on the H200, 2026-11-28, the device check's othe
 torch.compile at full priority while our SD1.5 build, lowered, waited 76.4 s for its Triton kernels).
 
 KEEPFAST_BUILD_NICE says how far below, as `nice` counts (0 to 19; default 10; 0 runs them at the caller's
-priority: a GPU machine whose CPU the model leaves idle can build at full priority). Standalone (no imports
-from the pack): build processes load it by its path.
+priority: a GPU machine whose CPU the model leaves idle can build at full priority). Standalone (the standard
+library, and compiler/settings.py loaded by its path where this file is): a spawned trace process loads it by path.
 """
 
 from __future__ import annotations
@@ -16,16 +16,34 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-NICE_ENV = "KEEPFAST_BUILD_NICE"
-DEFAULT_NICENESS = 10
+
+def _settings():
+    """compiler/settings.py: imported with the package, or loaded by its path where this file was loaded so (a
+    spawned trace process: tracing/spawned_trace_child.py)."""
+    if __package__:
+        from .. import settings
+
+        return settings
+    import importlib.util
+    import sys
+
+    name = "keepfast_settings"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "settings.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+NICE_ENV = _settings().BUILD_NICE.name
+DEFAULT_NICENESS = _settings().DEFAULT_BUILD_NICE
 
 
 def niceness() -> int:
     """How much the pack's processes lower their priority: KEEPFAST_BUILD_NICE where it is 0-19, else 10."""
-    configured = os.environ.get(NICE_ENV, "").strip()
-    if configured.isdigit() and int(configured) <= 19:
-        return int(configured)
-    return DEFAULT_NICENESS
+    return _settings().build_nice()
 
 
 def lower(step: Optional[int] = None) -> None:

@@ -18,16 +18,16 @@ it stays off. The graph computes the same either way: the setting is not part of
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict
 
-ENV = "KEEPFAST_CONV_LAYOUT"
-CHANNELS_LAST = "channels_last"
+from ..settings import CHANNELS_LAST, CONV_LAYOUT, conv_channels_last  # noqa: F401 - CHANNELS_LAST: the value asked
+
+ENV = CONV_LAYOUT.name
 
 
 def asked() -> bool:
     """Whether the user (or the device check) asked for channels-last convolutions in GPU graphs."""
-    return os.environ.get(ENV, "").strip().lower() == CHANNELS_LAST
+    return conv_channels_last()
 
 
 def has_2d_convolution(ep: Any) -> bool:

@@ -22,8 +22,9 @@ compiles the original command as Inductor wrote it: the package is the same eith
 `KEEPFAST_INTERFACE_OBJECT=0` turns it off. A build that sets KEEPFAST_INTERFACE_LOG to a file gets a line per
 wrapper compile there ({"outcome": "made" | "reused" | "whole", ...}), which the build's phases report.
 
-Standalone, the standard library only: the build process loads it by its path, and the compiler wrapper runs it
-as a script (`python -S -E interface_object.py REAL INTERFACE OBJECTS -- ARGS...`).
+Standalone, the standard library only (and compiler/settings.py, loaded by its path where there is no package): the
+build process imports it, and the compiler wrapper runs it as a script
+(`python -S -E interface_object.py REAL INTERFACE OBJECTS -- ARGS...`).
 """
 
 from __future__ import annotations
@@ -39,8 +40,28 @@ import time
 from pathlib import Path
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-OFF_ENV = "KEEPFAST_INTERFACE_OBJECT"
-LOG_ENV = "KEEPFAST_INTERFACE_LOG"
+
+def _settings():
+    """compiler/settings.py: imported with the package, or loaded by its path where this file runs as the compiler
+    wrapper script (no package there; the standard library only, as this file)."""
+    if __package__:
+        from .. import settings
+
+        return settings
+    import importlib.util
+
+    name = "keepfast_settings"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "settings.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+OFF_ENV = _settings().INTERFACE_OBJECT.name
+LOG_ENV = _settings().INTERFACE_LOG.name
 WRAPPER_SUFFIX = ".wrapper.cpp"  # AOTInductor's name for a package's wrapper source
 BLOCK_START = 'extern "C" {'
 BLOCK_END = '} // extern "C"'
@@ -188,7 +209,7 @@ def compile_split(real: str, interface_path: str, objects: str, command: Command
 
 
 def _log(outcome: str, reason: str, began: float) -> None:
-    path = os.environ.get(LOG_ENV)
+    path = _settings().interface_log()
     if not path:
         return
     try:
@@ -202,7 +223,7 @@ def _log(outcome: str, reason: str, began: float) -> None:
 def main(argv: List[str]) -> int:
     """The compiler wrapper: REAL INTERFACE OBJECTS -- ARGS (module docstring)."""
     real, interface_path, objects, args = argv[0], argv[1], argv[2], argv[4:]
-    command = wrapper_compile(args) if os.environ.get(OFF_ENV, "1") != "0" else None
+    command = wrapper_compile(args) if _settings().interface_object() else None
     if command is not None:
         began = time.perf_counter()
         outcome, reason = compile_split(real, interface_path, objects, command)
@@ -278,7 +299,7 @@ def _cxx_linkage():
 def apply(root) -> Tuple[str, str]:
     """Give Inductor, in this process, the wrapper of the compiler it would run (after cxx_linkage.apply, whose
     wrapper it then wraps). ("on", wrapper) or ("off", why). `root`: the folder for wrappers and objects."""
-    if os.environ.get(OFF_ENV, "1") == "0":
+    if not _settings().interface_object():
         return "off", f"{OFF_ENV}=0"
     if sys.platform != "linux":
         return "off", f"not on {sys.platform}"

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from ..settings import CLAIM_WAIT_S, DEFAULT_CLAIM_WAIT_S, claim_wait_s
+
 try:
     import fcntl
 except ImportError:  # Windows: no claims
@@ -38,8 +40,8 @@ except ImportError:  # Windows: no claims
 
 log = logging.getLogger("keepfast")
 
-WAIT_ENV = "KEEPFAST_CLAIM_WAIT_S"
-DEFAULT_WAIT_S = 1800.0  # a full-depth Wan block set builds in minutes on a GPU machine; 30 min is generous
+WAIT_ENV = CLAIM_WAIT_S.name
+DEFAULT_WAIT_S = DEFAULT_CLAIM_WAIT_S  # a full-depth Wan block set builds in minutes on a GPU machine; 30 min is generous
 POLL_S = 0.5
 
 
@@ -155,10 +157,7 @@ def try_claim(path: Optional[Path]) -> "Claim | Taken | None":
 
 def wait_seconds() -> float:
     """How long a blocking compile waits for another process's build ($KEEPFAST_CLAIM_WAIT_S)."""
-    try:
-        return max(0.0, float(os.environ.get(WAIT_ENV, DEFAULT_WAIT_S)))
-    except ValueError:
-        return DEFAULT_WAIT_S
+    return claim_wait_s()
 
 
 def claim_or_wait(path: Optional[Path], on_wait: Optional[Callable[[Taken], None]] = None,

@@ -10,35 +10,26 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Dict, Optional, Tuple
+from typing import Dict, Optional
 
 from . import claims as build_claims
-from ..backends import BackendUnavailable, CompiledGraph, CompileFailed
-from ..backends.base import BuildInProcess, BuildLabel, CompileDeferred
-from ..serving.boundary import expected_failure, stage
+from ..backends.base import BuildLabel, CompileDeferred
 from .book import Building, book_key
 from ..keys.graph_keys import FamilyKey, GraphKey
-from ..serving.quiet import third_party_quiet
-from ..store.registry import COMPILE, PROGRESS
+from ..serving.supply import Found, GraphSource, Wrapper
+from ..store.registry import PROGRESS
 from ..keys.signature import FlatCall
-
-if TYPE_CHECKING:
-    from ..serving.graph_supply import GraphSupply
 
 log = logging.getLogger("keepfast")
 
 
-def _failure_text(error: BaseException) -> str:
-    return f"compile failed: {error}" if isinstance(error, CompileFailed) else \
-        f"compile failed: {type(error).__name__}: {error}"
-
-
 class ForwardBuilds:
-    """The background builds one wrapper's families wait for (the wrapper's `supply.builds`)."""
+    """The background builds one wrapper's families wait for (the wrapper's `supply.builds`): started, taken in
+    and landed with the steps of its graph source (`supply`, serving/supply.py's GraphSource)."""
 
-    def __init__(self, supply: "GraphSupply"):
+    def __init__(self, supply: GraphSource, forward: Wrapper):
         self.supply = supply
-        self.forward = supply.forward
+        self.forward = forward
         # family id -> the registry's book key of its graph's background build (build_book.py: the build is
         # the process's, kept while any module of its structure lives, and taken in by whoever calls first)
         self.building: Dict[str, str] = {}
@@ -51,31 +42,19 @@ class ForwardBuilds:
         return book_key(family, self.forward.options.shape_range)
 
     def start(self, backend, family: FamilyKey, call: FlatCall, reason: str,
-              claim: Optional[build_claims.Claim] = None) -> Tuple[Optional[CompiledGraph], Optional[str]]:
+              claim: Optional[build_claims.Claim] = None) -> Optional[str]:
         """Start the family's build in a child process and run this call eager (CompileDeferred: not settled,
-        a later call finds the graph once it lands). A backend that cannot build off the caller's process
-        compiles now, as without the option."""
-        forward, supply = self.forward, self.supply
+        a later call finds the graph once it lands; the book's entry holds `claim` until then). Otherwise
+        returns why tracing failed (a failed compile), or None where the backend cannot build off the
+        caller's process: the caller compiles now, as without the option."""
+        forward = self.forward
         key = GraphKey(family, forward.options.shape_range)
         log.info("%s: building in the background (%s)", forward.label, reason)
-        try:
-            with third_party_quiet():
-                pending = backend.start_compile(forward.module, forward.forward_fn, call, key, BuildLabel(
-                    owner=forward.label, what=forward.label, family=family.id, owner_id=self.owner_id))
-        except (BackendUnavailable, BuildInProcess) as why:
-            log.info("%s: building in this process: %s", forward.label, why)
-            try:
-                graph, error = supply.compile(backend, family, call, reason, None)
-            finally:
-                build_claims.release(claim)
-            if graph is None:
-                supply.compile_failed[family.id] = error
-            return graph, error
-        except Exception as error:  # noqa: BLE001 - tracing failed: as a failed compile
-            build_claims.release(claim)
-            failure = _failure_text(error)
-            supply.compile_failed[family.id] = failure
-            return None, failure
+        pending, failure = self.supply.start_building(family, lambda: backend.start_compile(
+            forward.module, forward.forward_fn, call, key,
+            BuildLabel(owner=forward.label, what=forward.label, family=family.id, owner_id=self.owner_id)))
+        if pending is None:
+            return failure
         book_entry = self.book_key(family)
         forward.registry.builds.add(book_entry, Building(pending, family, call, reason, claim, self.owner_id),
                                     forward.module)
@@ -85,7 +64,7 @@ class ForwardBuilds:
         raise CompileDeferred("its graph is building in the background; this call runs eager")
 
     def from_the_book(self, family: FamilyKey, call: FlatCall,
-                      wait: bool) -> Tuple[Optional[CompiledGraph], Optional[str]]:
+                      wait: bool) -> Found:
         """A background build of this family's graph that the process already has (started by this wrapper or by
         another one of a module of this structure: build_book.py): its graph once taken in (at once when it has
         finished; waited for when `wait`), CompileDeferred (the call runs eager) while it builds, or (None, its
@@ -112,7 +91,7 @@ class ForwardBuilds:
             graph, _ = forward.registry.find(family, call)
             if graph is not None:
                 return graph, None
-            failure = self.supply.compile_failed.get(family.id)
+            failure = self.supply.failures.get(family.id)
             return (None, failure) if failure else (None, None)  # it landed and does not serve this call
         raise CompileDeferred(f"its graph is building in the background ({building.pending.seconds:.0f} s so far)")
 
@@ -128,7 +107,7 @@ class ForwardBuilds:
                 del self.building[family_id]
                 failure = book.failure(key)
                 if failure is not None:
-                    supply.compile_failed[family_id] = failure
+                    supply.failures[family_id] = failure
                 continue
             building = book.take(key)
             if building is None:  # still building
@@ -136,26 +115,17 @@ class ForwardBuilds:
             del self.building[family_id]
             family = building.family
             try:
-                try:
-                    with stage("taking in a graph built in the background"), third_party_quiet():
-                        graph = building.pending.finish(forward.module)
-                except Exception as error:  # noqa: BLE001 - the boundary: a failed build costs speed only
-                    why = _failure_text(expected_failure(error))
-                    supply.compile_failed[family_id] = why
+                graph, why = supply.take_in(family, "a graph", lambda: building.pending.finish(forward.module))
+                if graph is None:
                     book.fail(key, why)
-                    log.warning("%s: the background build failed: %s", forward.label, why)
                     continue
-                forward.registry.add(graph)
-                forward.registry.note_signature(family.signature, building.call.signature.to_json())
                 whose = "" if building.started_by == self.owner_id else ", started earlier for this model"
-                forward.registry.record(COMPILE, family, f"{forward.label}: {building.reason} (built in the "
-                                        f"background{whose})", seconds=building.pending.seconds,
-                                        graph_id=graph.key.id,
-                                        detail={"shapes": [list(s) for s in building.call.shapes],
-                                                "background": True, "adopted": bool(whose),
-                                                **building.pending.usage, **getattr(graph, "build_usage", {})})
-                if forward.options.autosave and forward.options.store is not None and graph.persistent:
-                    supply.save_graph(graph, building.call)
+                supply.landed(graph, family, f"{building.reason} (built in the background{whose})",
+                              building.pending.seconds, signature=building.call.signature.to_json(),
+                              detail={"shapes": [list(s) for s in building.call.shapes],
+                                      "background": True, "adopted": bool(whose),
+                                      **building.pending.usage, **getattr(graph, "build_usage", {})})
+                supply.keep(graph, building.call)
             finally:  # written (or failed): others sharing the store may look now
                 build_claims.release(building.claim)
             landed += 1

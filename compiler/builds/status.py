@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from . import times as build_times
-from . import package_builds
+from . import package_builds, slots
 from .package_builds import BUILDING, BUILT, FAILED, TRACING, WAITING, BuildView
 
 
@@ -89,7 +89,7 @@ def _finish_times(views: List[BuildView], slots: int) -> List[Optional[float]]:
 def progress() -> List[BuildProgress]:
     """Every model with builds in flight or built and not yet taken in, in the order their builds started."""
     views, owners = package_builds.snapshot()
-    ends = _finish_times(views, package_builds.max_running())
+    ends = _finish_times(views, slots.max_running())
     grouped: Dict[str, List[Tuple[BuildView, Optional[float]]]] = {}
     for view, end in zip(views, ends):
         grouped.setdefault(view.label.group, []).append((view, end))

@@ -12,23 +12,23 @@ a correct image; a file that cannot be read or written only loses the estimate.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from pathlib import Path
 from statistics import mean
 from typing import Dict, List, Optional
 
 from ..store.atomic import write_bytes
+from ..settings import BUILD_TIMES_FILE, build_times_file
 from ..store.trust import default_trust_path
 
-TIMES_ENV = "KEEPFAST_BUILD_TIMES_FILE"
+TIMES_ENV = BUILD_TIMES_FILE.name
 KEPT = 5  # builds remembered per kind: recent enough to follow a machine's load, enough to smooth one outlier
 _lock = threading.Lock()
 
 
 def times_path() -> Path:
     """KEEPFAST_BUILD_TIMES_FILE, else build_times.json in the folder of the trust list."""
-    configured = os.environ.get(TIMES_ENV)
+    configured = build_times_file()
     return Path(configured) if configured else default_trust_path().with_name("build_times.json")
 
 

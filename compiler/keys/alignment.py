@@ -5,8 +5,8 @@ convolution. Traced with height and width free in a range, each level's size
 is a nested floor expression of the input's (`1 + (h - 1) // 2`, then that
 halved again...), which every later shape computation, guard and index of the
 graph carries. At SD1.5's real depth this made Inductor's code generation and
-the C++ wrapper several times larger and slower (docs/benchmarks.md, "Cold
-compile at real sizes"). Traced with the latent side declared as `m * k`
+the C++ wrapper several times larger and slower (docs/benchmarks.md, "CPU: the
+real SD1.5 UNet, cold compile"). Traced with the latent side declared as `m * k`
 (`m` the model's total downsampling), every level's size is an exact
 multiple of `k`, and the expressions stay flat.
 
@@ -20,11 +20,12 @@ decides compile time, never correctness. `KEEPFAST_ALIGN=0` turns it off.
 
 from __future__ import annotations
 
-import os
 import weakref
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
+
+from ..settings import align
 
 MAX_MULTIPLE = 64
 AXES = 3  # counted separately for the last three axes (width, height, and frames or depth)
@@ -33,7 +34,7 @@ _cache: "weakref.WeakKeyDictionary[torch.nn.Module, Tuple[int, ...]]" = weakref.
 
 
 def enabled() -> bool:
-    return os.environ.get("KEEPFAST_ALIGN", "1") != "0"
+    return align()
 
 
 def _strides(module: torch.nn.Module) -> Optional[Tuple[int, ...]]:

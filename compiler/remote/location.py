@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
-REMOTE_OPTIONS_ENV = "KEEPFAST_REMOTE_OPTIONS"
+from ..settings import REMOTE_OPTIONS, remote_options
+
+REMOTE_OPTIONS_ENV = REMOTE_OPTIONS.name
 
 # The client package each protocol needs, for the message when it is missing.
 _CLIENTS = {"s3": "s3fs", "s3a": "s3fs", "gcs": "gcsfs", "gs": "gcsfs", "hf": "huggingface_hub",
@@ -58,7 +60,7 @@ def storage_options(given: Optional[Mapping[str, Any]] = None, environ: Mapping[
     options: Dict[str, Any] = {}
     if protocol in ("s3", "s3a"):
         options.update(json.loads(json.dumps(_S3_DEFAULTS)))
-    text = environ.get(REMOTE_OPTIONS_ENV, "").strip()
+    text = remote_options(environ)
     if text:
         try:
             extra = json.loads(text)

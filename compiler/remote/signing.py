@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Tuple
 
+from ..settings import SIGNING_KEY
 from ..store.atomic import write_bytes
 
 SIGNED_FIELD = "signed"
 KEY_PREFIX = "keepfast-ed25519"
 ALGORITHM = "ed25519"
-SIGNING_KEY_ENV = "KEEPFAST_SIGNING_KEY"
+SIGNING_KEY_ENV = SIGNING_KEY.name
 
 
 class SigningKeyError(ValueError):

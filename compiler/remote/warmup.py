@@ -17,18 +17,18 @@ from typing import Mapping, Optional
 
 import torch
 
+from ..settings import REMOTE_LIBRARY, REMOTE_UNSIGNED, remote_library, remote_unsigned
 from .pull import PullResult, pull_for
 
-REMOTE_LIBRARY_ENV = "KEEPFAST_REMOTE_LIBRARY"
-UNSIGNED_ENV = "KEEPFAST_REMOTE_UNSIGNED"  # "1": also pull unsigned graphs (left untrusted)
+REMOTE_LIBRARY_ENV = REMOTE_LIBRARY.name
+UNSIGNED_ENV = REMOTE_UNSIGNED.name  # "1": also pull unsigned graphs (left untrusted)
 
 log = logging.getLogger("keepfast")
 
 
 def remote_library_url(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     """The remote library the environment names, or None."""
-    url = environ.get(REMOTE_LIBRARY_ENV, "").strip()
-    return url or None
+    return remote_library(environ)
 
 
 def warm_up_from_env(folder: Path | str, module: Optional[torch.nn.Module] = None, block_family=None,
@@ -39,7 +39,7 @@ def warm_up_from_env(folder: Path | str, module: Optional[torch.nn.Module] = Non
     if url is None:
         return None
     result = pull_for(url, folder, module=module, block_family=block_family,
-                      accept_unsigned=environ.get(UNSIGNED_ENV, "") == "1")
+                      accept_unsigned=remote_unsigned(environ))
     log.info("[KeepFast] warm-up from %s: %d graphs pulled, %d already here in %.2f s", url,
              len(result.pulled), len([o for o in result.outcomes if o.status.value == "present"]), result.seconds)
     return result

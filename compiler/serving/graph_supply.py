@@ -5,7 +5,9 @@ says why not, once per family and shapes until the registry changes (`settled`).
 one in the library (or one that takes the call with its inputs cast); a background build the process already
 has (forward_builds.py); a build another process claimed in the shared store (build_claims.py, waited for when
 blocking); else a compile here -- in the background (the call runs eager meanwhile) or waited for, with the
-declared range's corners compiled now rather than in a later run.
+declared range's corners compiled now rather than in a later run. The steps a block structure's graph source
+takes too (claiming, compiling, taking a background build in, landing) are supply.py's `GraphSource`; this
+side keeps what is a whole model's own: its keys, the library, cast inputs, the range and its corners.
 """
 
 from __future__ import annotations
@@ -13,52 +15,65 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Dict, Optional, Set, Tuple
+from typing import Dict, Optional, Set, Tuple
 
 from ..keys import alignment
 from ..builds import claims as build_claims
-from ..backends import BackendUnavailable, CompiledGraph, CompileFailed, get_backend, serving_backend
-from ..backends.base import CompileDeferred, GuardsUnknown, Progress, range_failure
+from ..backends import BackendUnavailable, CompiledGraph, CompileFailed, serving_backend
+from ..backends.base import BuildInProcess, CompileDeferred, GuardsUnknown, Progress, range_failure
 from .boundary import Failure, stage
 from ..builds.forward_builds import ForwardBuilds
 from ..keys.graph_keys import FamilyKey, GraphKey
 from ..store.library import GraphLibrary
 from ..keys.probes import corner_targets, reshape_call
 from .quiet import third_party_quiet
-from ..store.registry import COMPILE, PROGRESS
+from ..store.registry import PROGRESS
 from ..keys.shapes import leaf_bounds
 from ..keys.signature import FlatCall
 from ..store.graph_store import GraphRefused, StoreError
-
-if TYPE_CHECKING:
-    from .compiled_forward import CompiledForward
+from .supply import RECHECK_S, Found, GraphSource, Wrapper
 
 log = logging.getLogger("keepfast")
 
-RECHECK_S = 1.0  # while another process builds a graph: how often calls look in the store again
 
-
-class GraphSupply:
+class GraphSupply(GraphSource):
     """Gets graphs for one wrapper (`forward.supply`); reads the wrapper's module, options and registry live,
     as callers may replace its options."""
 
-    def __init__(self, forward: "CompiledForward"):
+    MISSING = "no stored graph serves this input"
+    EXPECTED = (CompileFailed, BackendUnavailable)
+    IN_PROCESS = (BackendUnavailable, BuildInProcess)
+    DEFERS = True  # not compiled now (no room): not settled, a later call tries again
+
+    def __init__(self, forward: Wrapper):
         self.forward = forward
         self.settled: Dict[tuple, Tuple[int, str]] = {}  # (family id, shapes) -> (registry generation, why not)
-        self.compile_failed: Dict[str, str] = {}  # family id -> why; not retried in this process
+        self.failures: Dict[str, str] = {}  # family id -> why its compile failed; not retried in this process
         self.declared: Dict[str, set] = {}  # family id -> input shapes a warmup asked graphs for
         # family id -> (when to look again, why): another process builds its graph for the shared store
         self.elsewhere: Dict[str, Tuple[float, str]] = {}
         self.no_cast: Set[str] = set()  # family ids whose calls a graph with cast inputs served wrong (input_casts.py)
         self.blocking = 0  # inside warmup: builds are waited for
-        self.builds = ForwardBuilds(self)
+        self.builds = ForwardBuilds(self, forward)
+
+    @property
+    def label(self) -> str:
+        return self.forward.label
+
+    @property
+    def registry(self):
+        return self.forward.registry
+
+    @property
+    def options(self):
+        return self.forward.options
 
     @property
     def library(self) -> GraphLibrary:
         return GraphLibrary(self.forward.options.store, self.forward.registry)
 
     def obtain(self, family: FamilyKey, call: FlatCall, why: Optional[str] = None,
-               progress: Optional[Progress] = None) -> Tuple[Optional[CompiledGraph], Optional[str]]:
+               progress: Optional[Progress] = None) -> Found:
         """Load or compile a graph that serves `call`; (None, reason) if there is none.
 
         For a module whose samples are independent the graph is had for the call's first sample: it serves
@@ -98,7 +113,7 @@ class GraphSupply:
             self.settled[settled_key] = (forward.registry.generation, reason)
         return graph, reason
 
-    def load(self, family: FamilyKey, call: FlatCall) -> Tuple[Optional[CompiledGraph], Optional[str]]:
+    def load(self, family: FamilyKey, call: FlatCall) -> Found:
         library = self.library
         stored, why = library.lookup(family, call)
         if stored is None:
@@ -108,24 +123,25 @@ class GraphSupply:
         except GraphRefused as error:
             return None, str(error)
 
-    def _compile_for(self, family, call, why, progress) -> Tuple[Optional[CompiledGraph], Optional[str]]:
+    def _compile_for(self, family, call, why, progress) -> Found:
         """(graph, None) or (None, why not); a backend's CompileDeferred passes through."""
         options = self.forward.options
-        if not options.compile_on_miss:
-            return None, (why or "no stored graph serves this input") + "; compiling is off"
+        off = self.compiling_off(why)
+        if off:
+            return None, off
         bounds = leaf_bounds(call.shapes, [t.dims for t in call.signature.tensors], options.shape_range)
         outside = range_failure(call.shapes, bounds, call.tensor_paths)
         if outside:
             return None, f"{outside} (declared range: {options.shape_range.describe()})"
-        try:
-            backend = get_backend(family.backend)
-        except BackendUnavailable as error:
-            return None, str(error)
+        backend, unavailable = self.backend_named(family.backend)
+        if backend is None:
+            return None, unavailable
         if family.backend != options.backend:  # the aot backend's packages crash this machine's loader
             _, instead = serving_backend(options.backend, family.device)
             why = "; ".join(part for part in (why, instead) if part)
-        if family.id in self.compile_failed:
-            return None, self.compile_failed[family.id] + " (not retried)"
+        failed = self.failed_before(family)
+        if failed:
+            return None, failed
         existing = self.forward.registry.family_graphs(family)
         if len(existing) >= self.graph_limit(backend, family):
             return None, (f"{len(existing)} graphs already built for this input structure and none serves "
@@ -139,66 +155,41 @@ class GraphSupply:
         graph, why = self.builds.from_the_book(family, call, wait=self.blocking > 0 or not options.background)
         if graph is not None or why is not None:
             return graph, why
-        claim, graph = self._claim(family, call, progress)
-        if graph is not None:
-            return graph, None
-        if options.background and not self.blocking:
-            return self.builds.start(backend, family, call, reason, claim)
-        try:
-            graph, error = self.compile(backend, family, call, reason, progress)
+        # Background builds do not wait for another process's: CompileDeferred, the call runs eager with the
+        # holder named, and the store is looked at again from the call RECHECK_S later on.
+        background = options.background and not self.blocking
+        claimed = self.claim_build(family, progress, background, lambda: self.load(family, call))
+        if claimed.elsewhere is not None:
+            raise CompileDeferred(claimed.elsewhere)
+        if claimed.graph is not None:
+            return claimed.graph, None
+        if background:
+            failure = self.builds.start(backend, family, call, reason, claimed.claim)  # CompileDeferred: started
+            if failure is not None:
+                build_claims.release(claimed.claim)
+                return None, failure
+        try:  # waited for, or built in this process where the backend cannot build off it
+            graph, error = self.compile(backend, family, call, reason, None if background else progress)
             if graph is None:
-                self.compile_failed[family.id] = error
+                self.failures[family.id] = error
                 return None, error
-            if options.cover_range and not backend.static_shapes:
+            if options.cover_range and not backend.static_shapes and not background:
                 self._cover(backend, family, call, progress)
             return graph, None
         finally:
-            build_claims.release(claim)
+            build_claims.release(claimed.claim)
 
-    # -- claims on a shared graphs folder (build_claims.py) --------------------
-    def _claim(self, family: FamilyKey, call: FlatCall,
-               progress: Optional[Progress]) -> Tuple[Optional[build_claims.Claim], Optional[CompiledGraph]]:
-        """Claim the family's build in the store this graph will be written to: (claim or None, None), or
-        (None, graph) when another process's build of it was waited for and is now in the store.
-
-        Background builds do not wait: CompileDeferred, and the call runs eager with the holder named; the
-        store is looked at again from the call RECHECK_S later on. Nothing is claimed when the graph will
-        not be written (no store, or autosave off): nobody else could load it."""
-        forward = self.forward
-        store = forward.options.store
-        if store is None or not forward.options.autosave:
-            return None, None
-        path = store.claim_path(family)
-        if forward.options.background and not self.blocking:
-            result = build_claims.try_claim(path)
-            if isinstance(result, build_claims.Taken):
-                reason = result.reason()
-                if family.id not in self.elsewhere:
-                    log.info("%s: %s", forward.label, reason)
-                self.elsewhere[family.id] = (time.monotonic() + RECHECK_S, reason)
-                raise CompileDeferred(reason)
+    # -- claims on a shared graphs folder (GraphSource.claim_build) ---------------
+    def held_elsewhere(self, family: FamilyKey, reason: Optional[str]) -> None:
+        if reason is None:
             self.elsewhere.pop(family.id, None)
-            return result, None
+            return
+        if family.id not in self.elsewhere:
+            log.info("%s: %s", self.label, reason)
+        self.elsewhere[family.id] = (time.monotonic() + RECHECK_S, reason)
 
-        def waiting(taken: build_claims.Taken) -> None:
-            log.info("%s: waiting: %s", forward.label, taken.reason())
-            forward.registry.record(PROGRESS, family, f"{forward.label}: waiting: {taken.reason()}",
-                                    detail={"fraction": 0.0})
-            if progress:
-                progress(f"waiting for {taken.holder.describe()}, which builds this graph", 0.0)
-
-        waited = []
-        result = build_claims.claim_or_wait(path, on_wait=lambda taken: (waited.append(taken), waiting(taken)))
-        if waited:
-            graph, _ = self.load(family, call)
-            if graph is not None:
-                build_claims.release(result)
-                return None, graph
-        if isinstance(result, build_claims.Taken):
-            log.warning("%s: still %s after %.0f s; building it here too", forward.label,
-                        result.reason(), build_claims.wait_seconds())
-            return None, None
-        return result, None
+    def on_wait(self, family: FamilyKey, taken: build_claims.Taken) -> None:
+        self.registry.record(PROGRESS, family, f"{self.label}: waiting: {taken.reason()}", detail={"fraction": 0.0})
 
     def graph_limit(self, backend, family: FamilyKey) -> int:
         """Graphs one family may hold: the backend's bound, or as many shapes as warmups declared.
@@ -209,7 +200,7 @@ class GraphSupply:
         """
         return max(backend.max_graphs_per_family, len(self.declared.get(family.id, ())))
 
-    def compile(self, backend, family, call, reason, progress) -> Tuple[Optional[CompiledGraph], Optional[str]]:
+    def compile(self, backend, family, call, reason, progress) -> Found:
         """(graph, None) or (None, why it failed); CompileDeferred (try again later) is raised.
 
         Any exception out of the backend is a failed compile, with its type and
@@ -224,30 +215,20 @@ class GraphSupply:
             if progress:
                 progress(stage, fraction)
 
+        def build() -> CompiledGraph:
+            with third_party_quiet():  # the notices torch prints while it compiles are not the user's business
+                return backend.compile(forward.module, forward.forward_fn, call, key, report)
+
         log.info("%s: compiling (%s)", label, reason)
         started = time.perf_counter()
-        try:
-            with third_party_quiet():  # the notices torch prints while it compiles are not the user's business
-                graph = backend.compile(forward.module, forward.forward_fn, call, key, report)
-        except CompileDeferred as error:
-            log.warning("%s: not compiled now: %s", label, error)
-            raise
-        except (CompileFailed, BackendUnavailable) as error:
-            log.warning("%s: compile failed: %s", label, error)
-            return None, f"compile failed: {error}"
-        except Exception as error:  # noqa: BLE001 - the boundary: anything the compiler raises
-            log.warning("%s: compile failed unexpectedly: %s: %s", label, type(error).__name__, error)
-            log.debug("%s: traceback of the failed compile", label, exc_info=True)
-            return None, f"compile failed: {type(error).__name__}: {error}"
-        seconds = time.perf_counter() - started
-        forward.registry.add(graph)
-        forward.registry.note_signature(family.signature, call.signature.to_json())
-        forward.registry.record(COMPILE, family, f"{label}: {reason}", seconds=seconds, graph_id=graph.key.id,
-                                detail={"shapes": [list(s) for s in call.shapes],
-                                        **getattr(graph, "build_usage", {})})
+        graph, error = self.compile_here(build)
+        if graph is None:
+            return None, error
+        self.landed(graph, family, reason, time.perf_counter() - started,
+                    detail={"shapes": [list(s) for s in call.shapes], **getattr(graph, "build_usage", {})},
+                    signature=call.signature.to_json())
         report("compiled", 1.0)
-        if forward.options.autosave and forward.options.store is not None and graph.persistent:
-            self.save_graph(graph, call)
+        self.keep(graph, call)
         return graph, None
 
     def _cover(self, backend, family, call, progress) -> None:
@@ -302,6 +283,11 @@ class GraphSupply:
                 return None
             why = why or failure
         return why or "no graph of this family"
+
+    def keep(self, graph: CompiledGraph, call: Optional[FlatCall]) -> None:
+        """A graph compiled here or taken in is written into the store where autosave is on."""
+        if self.options.autosave and self.options.store is not None and graph.persistent:
+            self.save_graph(graph, call)
 
     def save_graph(self, graph: CompiledGraph, call: Optional[FlatCall] = None) -> Optional[str]:
         """Write a graph into the store; returns the error message if it could not be."""

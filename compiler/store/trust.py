@@ -22,14 +22,16 @@ import os
 from pathlib import Path
 from typing import Dict, Optional
 
+from ..settings import TRUST_FILE, trust_file
 from .atomic import write_bytes
 
-TRUST_ENV = "KEEPFAST_TRUST_FILE"
+TRUST_ENV = TRUST_FILE.name
 
 
 def default_trust_path() -> Path:
-    if os.environ.get(TRUST_ENV):
-        return Path(os.environ[TRUST_ENV])
+    configured = trust_file()
+    if configured:
+        return Path(configured)
     base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
     return base / "keepfast" / "trusted.json"
 

@@ -35,11 +35,12 @@ import torch
 
 from ..store import extraction
 from ..build_process import child_priority
+from ..settings import TRACE_PROCESS, TRACE_TIMEOUT_S, trace_process, trace_timeout_s
 
 log = logging.getLogger(__name__)
 
-ENV = "KEEPFAST_TRACE_PROCESS"
-TIMEOUT_ENV = "KEEPFAST_TRACE_TIMEOUT_S"
+ENV = TRACE_PROCESS.name
+TIMEOUT_ENV = TRACE_TIMEOUT_S.name
 _PR_SET_PDEATHSIG = 1
 KINDS = {"CompileFailed": "compile", "BuildInProcess": "in_process"}  # the child's error -> its kind ("error" else)
 FORK = "fork"  # the kind of a failure of the fork itself (killed, overran, no result)
@@ -53,7 +54,7 @@ def unavailable(tensors: Iterable[torch.Tensor]) -> Optional[str]:
 
 def general_refusal() -> Optional[str]:
     """Why no fork traces here whatever the call (KEEPFAST_TRACE_PROCESS=0, the platform, a fork misbehaved)."""
-    if os.environ.get(ENV, "1") == "0":
+    if trace_process() == "0":
         return f"{ENV}=0"
     if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
         return "this platform has no fork with a parent-death signal"
@@ -82,11 +83,7 @@ def disable(reason: str) -> None:
 
 
 def _timeout() -> float:
-    value = os.environ.get(TIMEOUT_ENV, "")
-    try:
-        return float(value) if value else 300.0
-    except ValueError:
-        return 300.0
+    return trace_timeout_s()
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,15 @@ guards, taken before the cut, are the graph's.
 from __future__ import annotations
 
 import operator
-import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
 import torch
 import torch.utils._pytree as pytree
 
-PARTS_ENV = "KEEPFAST_GRAPH_PARTS"
+from ..settings import GRAPH_PARTS, graph_parts
+
+PARTS_ENV = GRAPH_PARTS.name
 NODES_PER_PART = 400  # fewer, and a part's fixed cost (its own C++ wrapper, process start) outweighs the gain
 
 
@@ -96,9 +97,9 @@ class Part:
 def part_count(program: "torch.export.ExportedProgram", builders: int) -> int:
     """How many parts to build `program` in with `builders` processes at once: KEEPFAST_GRAPH_PARTS, else as
     many as builders can take side by side, at least NODES_PER_PART operations each."""
-    configured = os.environ.get(PARTS_ENV, "")
-    if configured.isdigit() and int(configured) > 0:
-        return int(configured)
+    configured = graph_parts()
+    if configured is not None:
+        return configured
     operations = sum(1 for node in program.graph.nodes if node.op == "call_function")
     return max(1, min(builders, operations // NODES_PER_PART))
 

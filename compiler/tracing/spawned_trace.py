@@ -2,7 +2,7 @@
 
 A fork cannot trace where this process has used CUDA or the call's tensors are on a GPU (forked_trace.py: a forked
 child cannot use CUDA), so the trace ran in the caller there, and on a GPU the first image waited for torch.export
-(issue 36: over 30 s for the SD1.5 UNet on an H200). A fresh process can use CUDA, but it has nothing of the
+(over 30 s for the SD1.5 UNet on an H200). A fresh process can use CUDA, but it has nothing of the
 caller's: the trace travels to it, pickled, without its weights.
 
 How the trace travels: `trace` is a picklable callable (a functools.partial of a module-level function holding the
@@ -52,11 +52,12 @@ from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Set,
 import torch
 
 from . import forked_trace
+from ..settings import TRACE_SPAWN, trace_process
 from ..backends.base import BuildInProcess
 
 log = logging.getLogger(__name__)
 
-SPAWN = "spawn"  # KEEPFAST_TRACE_PROCESS=spawn: a spawned process even where a fork could trace
+SPAWN = TRACE_SPAWN  # KEEPFAST_TRACE_PROCESS=spawn: a spawned process even where a fork could trace
 FORKED, SPAWNED, CALLER = "forked", "spawned", "caller"  # which process traces (PackageBuild.trace_process)
 BOOTSTRAP = Path(__file__).with_name("spawned_trace_child.py")
 JOB = "trace-job.json"  # what the bootstrap reads: import path, packages by path, this module's name, the parent
@@ -84,7 +85,7 @@ class CannotSend(Exception):
 def chosen(tensors: Iterable[torch.Tensor]) -> Tuple[str, Optional[str]]:
     """(which process traces a call with `tensors`: FORKED, SPAWNED or CALLER; why not a fork, None for a fork)."""
     tensors = list(tensors)
-    if os.environ.get(forked_trace.ENV) == SPAWN:
+    if trace_process() == SPAWN:
         refused = _refusal()
         return (CALLER, refused) if refused else (SPAWNED, f"{forked_trace.ENV}={SPAWN}")
     general = forked_trace.general_refusal()

@@ -14,7 +14,7 @@ tensor-subclass weight: whatever the block's trace lifted, under the names a blo
 into user inputs after the call's own, so the package takes `[*call tensors, *weights]`, in `names` order.
 The program is built anew as program_split.py builds its parts (its signature, call spec and examples), from the
 traced graph unchanged; the examples of the weights are the weights themselves (no copy; a build process
-is sent their layout only, package_builds.light_examples).
+is sent their layout only, job_folder.light_examples).
 """
 
 from __future__ import annotations

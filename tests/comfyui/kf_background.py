@@ -30,7 +30,7 @@ def main(pack: str, base: str, family_name: str) -> dict:
     import torch
 
     runtime = sys.modules[name + ".nodes.runtime"]
-    builds = sys.modules[name + ".compiler.backends.package_builds"]
+    builds = sys.modules[name + ".compiler.builds.package_builds"]
     from benchmarks.comfy import families as F
 
     registry = runtime.registry()
@@ -59,7 +59,7 @@ def main(pack: str, base: str, family_name: str) -> dict:
     fast = output.args[0]
     out = {"family": family_name, "report": output.ui["text"][0] if output.ui else "", "rows": []}
     # torch.export in this process during the first image (a trace in a forked process counts in the fork's copy).
-    forked_trace = sys.modules[name + ".compiler.backends.forked_trace"]
+    forked_trace = sys.modules[name + ".compiler.tracing.forked_trace"]
     exports, export = [], torch.export.export
     torch.export.export = lambda *a, **k: exports.append(1) or export(*a, **k)
     try:

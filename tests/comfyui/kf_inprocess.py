@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository (this pack): compiler.testing
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository (this pack): benchmarks.comfy
 from benchmarks.comfy.pack import comfy_with_pack, load_pack  # noqa: E402  (the kf_*.py scripts import them from here)
 
 # The Speedup nodes' `build` choice that compiles before the first image: the tests that count a first image's
@@ -169,13 +169,13 @@ def main(pack: str, base: str, checkpoint: str) -> dict:
 
     # A fault inside the pack (guard extraction after export raises a KeyError nobody expects) costs
     # speed, never the image: the sampler completes, eagerly, with the reason recorded.
-    aot = sys.modules[name + ".compiler.backends.aot"]
-    original_guards = aot._guards_from
+    aot_export = sys.modules[name + ".compiler.backends.aot_export"]
+    original_guards = aot_export._guards_from
 
     def broken_guards(*args):
         raise KeyError("injected fault")
 
-    aot._guards_from = broken_guards
+    aot_export._guards_from = broken_guards
     try:
         faulty = model_speedup(model, max_resolution=256, max_batch_size=1).args[0]
         mark = time.time()
@@ -185,7 +185,7 @@ def main(pack: str, base: str, checkpoint: str) -> dict:
             (plain,) = comfy_nodes.common_ksampler(model, 3, 1, 7.0, "euler", "normal", positive, negative,
                                                    {"samples": torch.zeros(1, 4, 8, 8)})
     finally:
-        aot._guards_from = original_guards
+        aot_export._guards_from = original_guards
     out["fault_max_diff"] = float((faulted["samples"] - plain["samples"]).abs().max())
     out["fault_fallbacks"] = [e.reason for e in runtime.registry().log.since(mark) if e.kind == "fallback"]
 
@@ -194,7 +194,7 @@ def main(pack: str, base: str, checkpoint: str) -> dict:
 
     out["progress"], out["sent"] = capture_server(comfy.utils, runtime)
 
-    reason = importlib.import_module(name + ".compiler.torch_support").refusal("2.5.1")
+    reason = importlib.import_module(name + ".compiler.machine.torch_support").refusal("2.5.1")
     # A backend that does not run here (OneFlow is not installed in ComfyUI's Python): offered or not, a
     # workflow naming it passes validation and the speedup nodes pass their input through with the reason.
     oneflow_reason = sys.modules[name + ".compiler"].unavailable_reason("oneflow")

@@ -174,7 +174,7 @@ def main(pack: str, base: str, graphs: str, kind: str, phase: str, flags: list) 
         stats = runtime.stats()
         out["stats_mismatches"] = stats["counts"]["mismatches"]
         out["mismatch_reasons"] = [m["reason"] for m in stats["messages"] if m["kind"] == "mismatch"]
-        out["stats_text"] = sys.modules[name + ".nodes.operations"].stats_text()
+        out["stats_text"] = sys.modules[name + ".nodes.reports"].stats_text()
     out["counts"] = counts()
     return out
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository (this pack): compiler.testing
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository (this pack): benchmarks.comfy
 from benchmarks.comfy.pack import comfy_with_pack  # noqa: E402
 
 
@@ -29,8 +29,8 @@ def main(pack: str, base: str, checkpoint: str) -> dict:
     def of(module: str):
         return importlib.import_module(f"{name}.{module}")
 
-    aot, spawned, builds = of("compiler.backends.aot"), of("compiler.tracing.spawned_trace"), \
-        of("compiler.builds.package_builds")
+    aot_export, aot_build = of("compiler.backends.aot_export"), of("compiler.backends.aot_build")
+    spawned, job_folder = of("compiler.tracing.spawned_trace"), of("compiler.builds.job_folder")
     unet, sizes, vae_nodes = of("nodes.unet"), of("nodes.sizes"), of("nodes.vae")
     compiled_forward, registry = of("compiler.serving.compiled_forward"), of("compiler.store.registry")
     patcher, _, vae = comfy.sd.load_checkpoint_guess_config(checkpoint, output_vae=True, output_clip=False)[:3]
@@ -42,9 +42,9 @@ def main(pack: str, base: str, checkpoint: str) -> dict:
                                                binder=unet.call_binder(model))
     args, kwargs = unet.unet_example_call(4, 768, None, 1, 8, 8, 77, dtype, "cpu")
     call = forward.flatten(args, kwargs)
-    trace = functools.partial(aot.trace_for_build, model, unet._traced_forward_fn, call, shape_range)
+    trace = functools.partial(aot_export.trace_for_build, model, unet._traced_forward_fn, call, shape_range)
     folder = Path(tempfile.mkdtemp(prefix="build-"))
-    work = functools.partial(builds.trace_job, trace, dict(aot.PACKAGE_CONFIG), True, folder)
+    work = functools.partial(job_folder.trace_job, trace, dict(aot_build.PACKAGE_CONFIG), True, folder)
     payload, packages = spawned.weightless_pickle(work, call.tensors)
     vae_payload, _ = spawned.weightless_pickle(functools.partial(vae_nodes._vae_forward, vae.first_stage_model,
                                                                  "decode"), [])
@@ -63,13 +63,13 @@ def main(pack: str, base: str, checkpoint: str) -> dict:
     out["files"] = sorted(p.name for p in folder.iterdir())
     if failure is None:
         here, found = trace()
-        traced = json.loads((folder / builds.TRACED).read_text())
+        traced = json.loads((folder / job_folder.TRACED).read_text())
         out["same_guards"] = traced["guards"] == found["guards"] and bool(found["guards"])
         out["same_out_spec"] = traced["out_spec"] == found["out_spec"]
-        torch.export.save(builds.weightless(here)[0], str(folder / "here.pt2"))
+        torch.export.save(job_folder.weightless(here)[0], str(folder / "here.pt2"))
         theirs, ours = torch.export.load(str(folder / "program.pt2")), torch.export.load(str(folder / "here.pt2"))
         out["same_code"] = theirs.graph_module.code == ours.graph_module.code
-        out["same_layout"] = json.loads((folder / "job.json").read_text())["weights"] == builds.weightless(here)[1]
+        out["same_layout"] = json.loads((folder / "job.json").read_text())["weights"] == job_folder.weightless(here)[1]
     return out
 
 

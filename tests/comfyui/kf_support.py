@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover
     np = Image = None
 
 HERE = Path(__file__).resolve().parent
-COMFY_MODELS = HERE.parents[1] / "compiler" / "testing" / "comfy_models.py"
+COMFY_MODELS = HERE.parents[1] / "benchmarks" / "comfy" / "models.py"
 REPO = HERE.parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))

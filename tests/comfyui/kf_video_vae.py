@@ -117,7 +117,7 @@ def main(pack: str, base: str, phase: str, kind: str = "wan") -> dict:
 
     name, nodes = load_pack(pack)
     runtime = sys.modules[name + ".nodes.runtime"]
-    sys.path.insert(0, pack)  # compiler.testing, for the LTX-Video config
+    sys.path.insert(0, pack)  # benchmarks.comfy, for the LTX-Video config
     vae, channels, scale = _vae(kind, 0 if phase == "first" else 5)
     first_calls, restart_calls = {"ltxv": (LTXV_FIRST, LTXV_RESTART), "wan22": (WAN22_FIRST, WAN22_RESTART)}.get(
         kind, (FIRST, RESTART))
@@ -150,7 +150,7 @@ def main(pack: str, base: str, phase: str, kind: str = "wan") -> dict:
 
     out = {"phase": phase, "latent_dim": vae.latent_dim, "model": type(vae.first_stage_model).__name__}
     if phase == "background":
-        builds = sys.modules[name + ".compiler.backends.package_builds"]
+        builds = sys.modules[name + ".compiler.builds.package_builds"]
         settings = {k: v for k, v in SPEEDUP.items() if k != "build"}  # the node's default: in the background
         fast = nodes["KeepFastVAESpeedup"].execute(vae=vae, **settings).args[0]
         decodes = [row for row in first_calls if row[0] == "decode"]

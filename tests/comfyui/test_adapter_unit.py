@@ -11,11 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from compiler import CompiledForward, CompileOptions, GraphRegistry
+from compiler import CompiledForward, CompileOptions, GraphRegistry, MultiRootStore, TrustList
 from compiler.keys.signature import FlatCall
-from compiler.store.graph_store import MultiRootStore
 from compiler.keys.structure import structure_hash
-from compiler.store.trust import TrustList
 from tests.support.pack import pack_module
 
 REPO = Path(__file__).resolve().parents[2]
@@ -258,9 +256,12 @@ def test_workflow_is_ui_format_and_consistent(path):
                 assert entry.get("shape") == 7, f"required input {entry['name']} of {node['type']} is unconnected"
 
 
-# -- block graphs of ComfyUI's transformer families (nodes/blocks.py) ------------------------------------------
+# -- block graphs of ComfyUI's transformer families (nodes/blocks.py, image_families.py, video_families.py) --------
 
 _blocks = pack_module(PACK, "nodes.blocks")
+_image, _video = pack_module(PACK, "nodes.image_families"), pack_module(PACK, "nodes.video_families")
+_attention = pack_module(PACK, "nodes.attention")
+Dims = pack_module(PACK, "compiler").Dims
 
 
 class _Instance:
@@ -287,7 +288,7 @@ def test_a_block_runs_eager_for_its_own_attention_override_or_weights_patched_pe
     policy = _blocks.BlockPolicy()
     block = torch.nn.Sequential(_CastLinear(), torch.nn.GELU(), _CastLinear())
     instance = _Instance(block)
-    ours = _blocks._graph_attention_options()
+    ours = _attention.graph_attention_options()
     assert policy(instance, (), {"transformer_options": ours}) is None
     assert policy(instance, (), {"transformer_options": {"block_index": 3, "cond_or_uncond": [0, 1]}}) is None
 
@@ -301,21 +302,21 @@ def test_a_block_runs_eager_for_its_own_attention_override_or_weights_patched_pe
 
 
 def test_video_families_turn_frames_and_pixels_into_their_latent_units():
-    wan, ltxv, flux = _blocks.WanFamily(), _blocks.LTXVFamily(), _blocks.FluxFamily()
+    wan, ltxv, flux = _video.WanFamily(), _video.LTXVFamily(), _image.FluxFamily()
     assert wan.latent_frames(81) == 21 and ltxv.latent_frames(97) == 13 and flux.latent_frames(81) == 81
     r = _blocks.block_range(wan, 64, 1024, 2, 81)
     assert (r.spatial, r.frames, r.batch) == ((8, 128), (1, 21), (1, 4))
     r = _blocks.block_range(ltxv, 64, 1024, 1, 97)
     assert (r.spatial, r.frames) == ((2, 32), (1, 13))  # LTXV's VAE: 32 pixels per latent pixel
     assert _blocks.block_range(flux, 64, 1024, 1, 81).frames is None
-    assert wan.geometry.tokens(_blocks.Dims(1, 16, 16, frames=5)) == 5 * 8 * 8  # frames are their own axis
+    assert wan.geometry.tokens(Dims(1, 16, 16, frames=5)) == 5 * 8 * 8  # frames are their own axis
 
 
 def test_ltx2_blocks_take_its_audio_stream_and_run_eager_where_a_node_switches_a_stream_off():
     """LTX-2 (ComfyUI's LTXAVModel): LTXV's video latents and 25 audio tokens a second beside them, the audio range
     sized from max_frames at 8 frames a second; its blocks read stream switches from transformer_options, which
     a graph computes all of, and skip the audio where a call has none."""
-    ltx2 = _blocks.LTX2Family()
+    ltx2 = _video.LTX2Family()
     assert _blocks.family_of(_comfy_like("LTXAVModel")).name == "ltx2"
     assert _blocks.family_of(_comfy_like("LTXVModel")).name == "ltxv"
     r = ltx2.geometry.block_range(_blocks.block_range(ltx2, 64, 1024, 1, 121))
@@ -324,7 +325,7 @@ def test_ltx2_blocks_take_its_audio_stream_and_run_eager_where_a_node_switches_a
     policy = _blocks.BlockPolicy()
     instance = _Instance(torch.nn.Linear(4, 4), family=ltx2)
     streams = (torch.zeros(2, 16, 8), torch.zeros(2, 9, 4))
-    ours = _blocks._graph_attention_options()
+    ours = _attention.graph_attention_options()
     assert policy(instance, (streams,), {"transformer_options": ours}) is None
     assert policy(instance, (streams,), {"transformer_options": {**ours, "run_ax": True}}) is None
     reason = policy(instance, (streams,), {"transformer_options": {**ours, "a2v_cross_attn": False}})
@@ -358,19 +359,19 @@ def test_variants_sharing_a_comfyui_class_get_their_own_latent_units():
     assert family("WanModel", out_dim=16) == "wan" and family("WanModel", out_dim=48) == "wan22"
     assert _blocks.family_of(_comfy_like("UNetModel")) is None
     # one token per 16 pixels on each side for both Flux generations: the same 1024-pixel image, the same tokens
-    flux, flux2 = _blocks.FluxFamily(), _blocks.Flux2Family()
+    flux, flux2 = _image.FluxFamily(), _image.Flux2Family()
     for f in (flux, flux2):
         r = f.geometry.block_range(_blocks.block_range(f, 64, 1024, 1, 1))
         assert r.tokens == (16, 4096), f.name
-    image = _blocks.HunyuanImage21Family()
+    image = _image.HunyuanImage21Family()
     r = _blocks.block_range(image, 64, 2048, 1, 81)
-    assert r.spatial == (2, 64) and r.frames is None and image.geometry.tokens(_blocks.Dims(1, 64, 64)) == 4096
-    video15, wan22 = _blocks.HunyuanVideo15Family(), _blocks.Wan22Family()
+    assert r.spatial == (2, 64) and r.frames is None and image.geometry.tokens(Dims(1, 64, 64)) == 4096
+    video15, wan22 = _video.HunyuanVideo15Family(), _video.Wan22Family()
     assert _blocks.block_range(video15, 64, 1280, 1, 121).spatial == (4, 80)
     # image-to-video joins 729 SigLIP tokens to a prompt of up to 1024
     assert _blocks.block_range(video15, 64, 1280, 1, 121).sequence == (1, 1024 + 729)
     assert _blocks.block_range(wan22, 64, 1280, 1, 121).sequence == (1, 1024)
-    assert video15.geometry.tokens(_blocks.Dims(1, 45, 80, frames=31)) == 31 * 45 * 80
+    assert video15.geometry.tokens(Dims(1, 45, 80, frames=31)) == 31 * 45 * 80
     r = _blocks.block_range(wan22, 64, 1280, 1, 121)
     assert r.spatial == (4, 80) and r.frames == (1, 31)
 
@@ -399,7 +400,7 @@ def test_kandinsky_blocks_are_traced_on_the_one_piece_path_and_left_as_they_were
     block = torch.nn.ModuleDict({"attention": _Chunking(), "cross": _Cross()})
     calls = []
     block["attention"]._forward_chunked = lambda x: calls.append("chunked") or x + 1
-    with _blocks._one_piece(block):
+    with _video._one_piece(block):
         assert block["attention"](torch.zeros(1, 8)).sum() == 8 and calls == []  # one piece past the branch's size
         assert block["cross"](torch.zeros(1, 2), torch.ones(1, 2)).sum() == 2  # a layer with its own forward: as is
     block["attention"](torch.zeros(1, 8))
@@ -408,7 +409,7 @@ def test_kandinsky_blocks_are_traced_on_the_one_piece_path_and_left_as_they_were
 
 
 def test_sd3_joint_blocks_positional_inputs_are_named_for_the_graph_and_passed_back_in_order():
-    sd3 = _blocks.SD3Family()
+    sd3 = _image.SD3Family()
     context, x, c = torch.zeros(1, 3, 4), torch.ones(1, 5, 4), torch.zeros(1, 4)
     args, kwargs = sd3.block_inputs((context, x), {"c": c, "use_checkpoint": False, "transformer_options": {}})
     assert args == () and list(kwargs) == ["context", "x", "c", "use_checkpoint"]
@@ -456,7 +457,7 @@ def test_low_vram_layers_left_in_cpu_memory_are_moved_to_the_call_s_device_for_t
     to the call's device for that call, patched there where a LoRA applies, under the graph's names; layers
     already there, and layers that are not ComfyUI's to move, are not. The meta device stands for the GPU."""
     lowvram = pack_module(PACK, "nodes.lowvram")
-    prefix = pack_module(PACK, "compiler.tracing.flat_module").MODULE_PREFIX
+    prefix = pack_module(PACK, "compiler").MODULE_PREFIX
     block = torch.nn.Sequential(_OffloadableLinear(4, 4), _OffloadableLinear(4, 4), _OffloadableLinear(4, 4),
                                 _OffloadableLinear(4, 4), _Norm(4), _Norm(4).to("meta"))
     block[0].comfy_cast_weights = True  # offloaded: moved in per call

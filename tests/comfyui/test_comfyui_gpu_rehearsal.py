@@ -1,4 +1,4 @@
-"""The ComfyUI-on-GPU run (benchmarks/comfy_gpu.py, issue 36 item 5) rehearsed on the CPU with the tiny
+"""The ComfyUI-on-GPU run (benchmarks/comfy_gpu.py) rehearsed on the CPU with the tiny
 configs (needs COMFYUI_PATH): in ComfyUI's Python, the pack loaded as ComfyUI loads it, SD1.5's UNet (whole) and
 Flux (by blocks) sampled through comfy.sample with and without Model Speedup, every call of ours served by graphs
 and equal to eager; the partial-loading row says that a CPU never loads a model partly."""

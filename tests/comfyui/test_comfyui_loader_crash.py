@@ -1,7 +1,7 @@
 """ComfyUI on a machine whose AOTInductor package loader crashes (compiler/backends/loader_check.py; needs
 COMFYUI_PATH).
 
-On the lent H100 (torch 2.11+cu130, 2026-11-27) torch's loader killed every process that loaded a CUDA package:
+On an H100 (torch 2.11+cu130) torch's loader killed every process that loaded a CUDA package:
 in ComfyUI that is the server gone with the workflow. Here (a CPU) the machine's verdict says so for CPU packages
 (KEEPFAST_LOADER_CHECK=all, the verdict written by the pack's own `record` in ComfyUI's Python). The bundled
 txt2img workflow must then finish with the image of the same workflow without the nodes, its UNet and VAE compiled

@@ -180,7 +180,7 @@ def main() -> None:
                                                           options.size)
     import torch
 
-    from compiler.backends.aot import export_program
+    from compiler.backends.aot_export import export_program
     from compiler.keys.shapes import ShapeRange
     from compiler.keys.signature import FlatCall
 

@@ -19,18 +19,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from compiler import CompileOptions, ShapeRange  # noqa: E402
-from compiler.builds import package_builds  # noqa: E402
+from compiler.builds import launch, package_builds  # noqa: E402
 from compiler.diffusers_api import compile_module  # noqa: E402
 from compiler.store.extraction import run_folder  # noqa: E402
 from compiler.store.registry import GraphRegistry  # noqa: E402
 from compiler.demo.tiny_models import prompt_embeds, tiny_unet  # noqa: E402
 
-package_builds.CHILD = Path(__file__).with_name("slow_build_child.py")
+launch.CHILD = Path(__file__).with_name("slow_build_child.py")
 in_trace = os.environ.get("KEEPFAST_TEST_STOP_IN_TRACE") == "1"
 if in_trace:
-    from compiler.backends import aot  # noqa: E402
+    from compiler.backends import aot_export  # noqa: E402
 
-    aot.trace = lambda *args, **kwargs: time.sleep(3600)
+    aot_export.trace = lambda *args, **kwargs: time.sleep(3600)
 start_delay = float(os.environ.get("KEEPFAST_TEST_TRACE_START_DELAY_S", "0"))
 if start_delay:
     from compiler.tracing import forked_trace  # noqa: E402

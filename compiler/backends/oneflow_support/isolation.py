@@ -201,6 +201,11 @@ def active() -> Iterator[Dict[str, types.ModuleType]]:
                     _QUARANTINE[name] = sys.modules.pop(name)
 
 
+def flow_copy_missing(root: str) -> str:
+    """Why the OneFlow copy of the package `root` was left out of the last `active()`."""
+    return IMPORT_ERRORS.get(root, "it is not importable here")
+
+
 def load() -> str:
     """Import the OneFlow diffusers copy once; returns its version."""
     with _LOCK:
