@@ -71,7 +71,7 @@ fi
 # Two workers, a test file each at a time (a file's compiled fixtures stay in one process): a test mostly
 # keeps one core busy (tracing, code generation and g++ are single-threaded), so two workers use both. Files
 # go out slowest first (tests/support/file_order.py), not by their number of tests (xdist's default).
-REAL_DEPTH_SDXL="tests/test_real_depth.py::test_a_unet_at_its_real_depth_compiles_once_and_serves_every_call_equal_to_eager[sdxl]"
+REAL_DEPTH_SDXL="tests/serving/test_real_depth.py::test_a_unet_at_its_real_depth_compiles_once_and_serves_every_call_equal_to_eager[sdxl]"
 .venv/bin/python -m pytest -n "${KEEPFAST_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
   --deselect "$REAL_DEPTH_SDXL" "$@"
 
@@ -80,13 +80,13 @@ REAL_DEPTH_SDXL="tests/test_real_depth.py::test_a_unet_at_its_real_depth_compile
 # of the pack's own calls, not torch; under 2.11 they only lengthened the leg's slower worker (390 s against the
 # real-depth SDXL's 344 s on the other). A GPU program's build without Inductor's ISA probe: it is torch 2.11's
 # probe (a Python importing torch per ISA checked) that the GPU machines run (about 17 s here).
-TORCH211_TESTS=(tests/test_torch_support.py "$REAL_DEPTH_SDXL"
-  "tests/test_api_sequences.py::test_sd_pipe_any_api_order_compiles_nothing[compile_then_load]"
-  tests/test_api_sequences.py::test_float16_pipe_whose_vae_runs_upcast_compiles_nothing
-  tests/test_api_sequences.py::test_positional_and_keyword_calls_are_one_graph
-  tests/test_gpu_host_isa.py::test_a_build_without_a_host_isa_probes_none_and_its_package_still_computes
-  tests/test_kernel_builds.py tests/test_gpu_reductions.py
-  tests/test_block_weight_inputs.py::test_a_lifted_program_takes_every_weight_after_the_call_and_its_package_computes_as_eager)
+TORCH211_TESTS=(tests/machine/test_torch_support.py "$REAL_DEPTH_SDXL"
+  "tests/api/test_api_sequences.py::test_sd_pipe_any_api_order_compiles_nothing[compile_then_load]"
+  tests/api/test_api_sequences.py::test_float16_pipe_whose_vae_runs_upcast_compiles_nothing
+  tests/api/test_api_sequences.py::test_positional_and_keyword_calls_are_one_graph
+  tests/build_process/test_gpu_host_isa.py::test_a_build_without_a_host_isa_probes_none_and_its_package_still_computes
+  tests/tools/test_kernel_builds.py tests/build_process/test_gpu_reductions.py
+  tests/tracing/test_block_weight_inputs.py::test_a_lifted_program_takes_every_weight_after_the_call_and_its_package_computes_as_eager)
 # The OneFlow tests (one process, about a minute) run beside the torch 2.11 leg, whose two workers rarely end
 # together: they take the core the first one to finish leaves. Their output follows the leg's. They start once
 # their environment is set up, which the torch 2.11 leg does not wait for (its setup is the smaller one).

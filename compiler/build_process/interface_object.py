@@ -4,7 +4,7 @@ Why: AOTInductor pastes torch's `aoti_runtime/interface.cpp` (the C entry points
 AOTInductorModelContainerCreate, ...Run and 40 others) into every wrapper it writes, so g++ compiles the same
 code generation again for every package. Measured on this 2-core CPU with torch 2.13 (2026-12-02): a package of
 a Linear and a GELU took 8.3 s to compile its wrapper, 4.7 s of it for the interface alone and 4.8 s for the rest;
-the eight builds of tests/test_size_one.py spent 67.5 s in their six wrapper compiles against 25.7 s for their
+the eight builds of tests/keys/test_size_one.py spent 67.5 s in their six wrapper compiles against 25.7 s for their
 kernels. Every cold build, on a user's CPU or a GPU machine's host, paid it.
 
 How: Inductor is given a wrapper of its C++ compiler (`config.cpp.cxx`, as cxx_linkage.py does; the same file

@@ -10,7 +10,7 @@ arithmetic, comparisons and a fixed list of numeric functions over input
 sizes -- never `eval`, never any other name.
 
 What it accepts is what torch.export prints for shape guards and range
-constraints (torch 2.13 and 2.14 were checked; see tests/test_guard_forms.py):
+constraints (torch 2.13 and 2.14 were checked; see tests/keys/test_guard_forms.py):
 integer and float literals, `+ - * / // % **`, `& | ^` on integers,
 comparisons (chained too), `and`/`or`/`not`, `a if c else b`, `max`/`min`/
 `abs`/`round`, `torch.sym_max`/`sym_min`/`sym_float`/`_sym_sqrt`,

@@ -509,7 +509,7 @@ def test_inductor_backend_serves_new_shapes_without_compiling(server):
 
 def test_load_graph_pulls_from_a_remote_library(server, tmp_path):
     """A fleet worker (docs/fleet.md): a builder pushes its graphs, signed, to a library (a shared folder
-    here; S3 in tests/test_remote_s3.py); the worker trusts the builder's key once, starts with an empty
+    here; S3 in tests/remote/test_remote_s3.py); the worker trusts the builder's key once, starts with an empty
     graphs folder, and Load Graph with `library` pulls what fits and serves the first image with no compile."""
     import subprocess
     import sys

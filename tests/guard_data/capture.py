@@ -1,6 +1,6 @@
 """Record what torch.export says about input sizes for real models, as test data (JSON text).
 
-The guard tests (tests/test_guard_forms.py) check the pack's guard printing
+The guard tests (tests/keys/test_guard_forms.py) check the pack's guard printing
 and interpreter against sympy on these records, so guards from a torch or a
 ComfyUI the test machine does not have are still checked. Run it again after
 a torch or ComfyUI upgrade and commit the new files:

@@ -1,7 +1,7 @@
 """What the background-build tests share: the tiny SD UNet's calls, the build folders, processes by /proc, and a
 parent process (background_parent.py) stopped mid-build.
 
-Used by tests/test_background_builds.py, tests/test_forked_trace.py and tests/comfyui/test_comfyui_background_server.py.
+Used by tests/builds/test_background_builds.py, tests/tracing/test_forked_trace.py and tests/comfyui/test_comfyui_background_server.py.
 """
 
 from __future__ import annotations

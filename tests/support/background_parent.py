@@ -1,10 +1,10 @@
 """A process that starts a background build, prints its child's pid and its run folder, then waits to be killed
-(tests/test_background_builds.py: what a ComfyUI stopped with SIGTERM or SIGKILL leaves).
+(tests/builds/test_background_builds.py: what a ComfyUI stopped with SIGTERM or SIGKILL leaves).
 
     python background_parent.py   (KEEPFAST_TEST_BUILD_DELAY_S long: the build is still running when killed)
 
 With KEEPFAST_TEST_STOP_IN_TRACE=1 the trace (in a forked process) sleeps, and the pid printed is the trace
-process's (tests/test_forked_trace.py), followed by which process it is (tests/test_spawned_trace.py: with
+process's (tests/tracing/test_forked_trace.py), followed by which process it is (tests/tracing/test_spawned_trace.py: with
 KEEPFAST_TRACE_PROCESS=spawn a spawned process, which runs the real trace, not the sleeping one). KEEPFAST_TEST_TRACE_START_DELAY_S holds the trace process back before it
 takes its first step as a child (a busy machine: the parent can be gone before its child has started).
 """

@@ -1,4 +1,4 @@
-"""Another process sharing a graphs folder (tests/test_build_claims.py): it claims, builds and writes graphs.
+"""Another process sharing a graphs folder (tests/builds/test_build_claims.py): it claims, builds and writes graphs.
 
     python claim_builder.py hold FILE        claim FILE, print "claimed", sleep until killed
     python claim_builder.py unet STORE       compile a tiny SD UNet before its first call, save it, print a line

@@ -1,4 +1,4 @@
-"""A package build child that fails as AOTInductor would (tests/test_background_builds.py)."""
+"""A package build child that fails as AOTInductor would (tests/builds/test_background_builds.py)."""
 
 import os
 import sys

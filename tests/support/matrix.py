@@ -1,4 +1,4 @@
-"""The correctness matrix's models and calls, shared by tests/test_correctness_matrix.py and its restart.
+"""The correctness matrix's models and calls, shared by tests/serving/test_correctness_matrix.py and its restart.
 
 Kinds: diffusers' UNet2DConditionModel as SD and as SDXL (text_time) builds it, the AutoencoderKL's
 decoder and encoder, and Flux, SD3 and Wan transformers (served block by block), all tiny with random

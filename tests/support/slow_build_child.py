@@ -1,4 +1,4 @@
-"""A package build child slowed on purpose (tests/test_background_builds.py): waits, then builds as the real one.
+"""A package build child slowed on purpose (tests/builds/test_background_builds.py): waits, then builds as the real one.
 
     python slow_build_child.py JOB_FOLDER   (KEEPFAST_TEST_BUILD_DELAY_S: the wait, default 20)
 

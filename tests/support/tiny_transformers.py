@@ -1,6 +1,6 @@
 """Tiny diffusers transformers (real classes, small configs, random weights) and their sweeps.
 
-Shared by tests/test_blocks.py and its fresh-process check
+Shared by tests/blocks/test_blocks.py and its fresh-process check
 (`python -m tests.support.blocks_load_check FAMILY GRAPHS_DIR`).
 """
 

@@ -19,7 +19,7 @@ from compiler.build_process import precompiled_headers
 
 pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # In a fresh process whose temporary folder is new: Inductor keeps its headers in
 # $TMPDIR/torchinductor_<user>/precompiled_headers, named by a hash of their flags.

@@ -7,7 +7,7 @@ layers on both joined; the model pads image and text tokens to multiples of
 compiles one graph per stack structure (3, for the real 2 + 2 refiner blocks
 and 2 main layers); other sizes, batches and prompt lengths then run every
 block from its graph, equal to eager within the tolerance of
-tests/test_blocks.py, with no compile. A batch whose prompts pad to different
+tests/blocks/test_blocks.py, with no compile. A batch whose prompts pad to different
 lengths (prompt and negative prompt, with guidance) runs the masked stacks
 eager: their graphs are prepared without a mask.
 """
@@ -23,7 +23,7 @@ from compiler import GraphRegistry
 from compiler.blocks import BlockEngine, BlockOptions, Dims, compile_blocks
 from tests.support import tiny_transformers as tt
 
-TOLERANCE = 1e-4  # float32, as tests/test_blocks.py
+TOLERANCE = 1e-4  # float32, as tests/blocks/test_blocks.py
 
 
 @dataclass

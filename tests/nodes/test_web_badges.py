@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-BADGES = Path(__file__).resolve().parent.parent / "web" / "lib" / "badges.js"
+BADGES = Path(__file__).resolve().parents[2] / "web" / "lib" / "badges.js"
 
 SCRIPT = r"""
 const source = process.argv[1];

@@ -19,7 +19,7 @@ import sympy
 from compiler.build_process import gpu_reductions
 from tests.support.triton_python import triton_python
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Features:

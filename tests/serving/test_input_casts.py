@@ -24,7 +24,7 @@ from compiler.diffusers_api import compile_module
 from compiler.serving.input_casts import cast_plan
 from compiler.store.registry import GraphRegistry
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BF16_TOLERANCE = 4e-2  # the first-use check's relative L2 for bfloat16
 
 

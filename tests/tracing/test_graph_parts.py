@@ -32,7 +32,7 @@ from compiler.store.registry import GraphRegistry
 from compiler.demo.tiny_models import tiny_unet
 from tests.support.background import RANGE, build_folders, served_difference
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _check(graphs: Path, seed: int) -> dict:
@@ -86,7 +86,7 @@ def test_values_are_freed_after_their_last_part():
 
 
 def test_a_part_whose_build_process_dies_fails_the_graph_with_the_reason(monkeypatch):
-    from tests.test_compiler_crash import Killer
+    from tests.builds.test_compiler_crash import Killer
 
     monkeypatch.setenv(program_split.PARTS_ENV, "2")
     unet = tiny_unet(seed=3)

@@ -3,7 +3,7 @@
 A whole model's graph source (GraphSupply) and a block structure's (BlockGraphSource) take the same steps on a
 miss: what rules a compile out, the claim on a shared store (another process's build waited for or run eager
 beside), a compile in this process, a background build started and taken in, and the landing. Each step's
-texts, events and failure memory here; the sources' own flows are covered end to end by tests/test_blocks.py,
+texts, events and failure memory here; the sources' own flows are covered end to end by tests/blocks/test_blocks.py,
 test_build_claims.py, test_build_book.py, test_background_builds.py and test_fault_boundary.py. No compile
 here (fast).
 """

@@ -23,7 +23,7 @@ from compiler.backends import aot, aot_loading
 from benchmarks.fresh_machine import FreshMachine
 from compiler.store.manifest import Manifest, ManifestError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACK_NAMES = ("keepfast-", "aotinductor_")  # the pack's folder, and torch's own unpacking folders
 
 

@@ -19,7 +19,7 @@ import torch
 
 from tests.support.inputs import unet_inputs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SDXL_IGNORES = ("vae.decoder", "vae.encoder")
 FP16_IGNORES = ("unet", "vae.encoder")
 

@@ -34,7 +34,7 @@ def test_a_call_s_time_is_split_into_its_graph_s_run_and_the_rest():
 
 
 def test_the_check_lists_each_graph_s_share_of_its_calls():
-    from tests.test_bench_check import _ran
+    from tests.benchmarks.test_bench_check import _ran
 
     jobs = check.plan(models=["sd15"])
     results = {(j.model, j.variant): _ran(j.model, j.variant) for j in jobs}

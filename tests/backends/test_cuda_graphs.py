@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from compiler.backends import cuda_graphs as C
-from tests.test_gpu_paths import fake_loader, two_gpus  # noqa: F401 - fixtures: a fake loader on two fake GPUs
+from tests.backends.test_gpu_paths import fake_loader, two_gpus  # noqa: F401 - fixtures: a fake loader on two fake GPUs
 
 _capturing: List["FakeGraph"] = []
 
@@ -174,7 +174,7 @@ def test_a_loaded_package_replays_only_where_its_calls_ask_for_it(fake_cuda, fak
     """AotGraph.run: replay=True on a GPU call goes through the runner's replays (bound weights as the key),
     replay=False runs it every time."""
     from compiler.keys.signature import FlatCall
-    from tests.test_gpu_paths import FakeLoader, _gpu_graph, _on_cuda1, OnCuda1
+    from tests.backends.test_gpu_paths import FakeLoader, _gpu_graph, _on_cuda1, OnCuda1
 
     def boxed_run(self, inputs):  # what the package computes, recorded when captured
         self.runs += 1

@@ -32,7 +32,7 @@ from compiler.store.registry import GraphRegistry
 from compiler.store.graph_store import GraphStore
 from compiler.demo.tiny_models import tiny_unet
 
-SUPPORT = Path(__file__).parent / "support"
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
 BUILDER = SUPPORT / "claim_builder.py"
 sys.path.insert(0, str(SUPPORT))
 from claim_builder import UNET_RANGE, unet_call  # noqa: E402

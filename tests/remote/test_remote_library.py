@@ -1,7 +1,7 @@
 """Remote graph libraries on fsspec's local and memory file systems: layout, fit, signatures, writers.
 
 The graphs are the session's saved tiny pipeline (one compile, shared with
-the other test files). The S3 API tests are in tests/test_remote_s3.py.
+the other test files). The S3 API tests are in tests/remote/test_remote_s3.py.
 """
 
 from __future__ import annotations

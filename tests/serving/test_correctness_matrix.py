@@ -27,7 +27,7 @@ from compiler import GraphRegistry
 from compiler.serving.compiled_forward import CompiledForward
 from tests.support import matrix as M
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -62,7 +62,7 @@ def _compiled(kind: str, first: int, tmp_path_factory) -> Compiled:
 # graphs (traced at 1 widened to 2, or at 2 then serving 1). SDXL's UNet is the SD UNet with text_time
 # embeddings, and blocks are traced at probe sizes >= 2 whatever the first call: a first batch of 1 for those.
 # A first batch of 2 then serving 1 is the real-depth tests' order for the SD UNet and the VAE decoder
-# (tests/test_real_depth.py: the first call at batch 2, then batches 1 and 3, each against eager); here for the
+# (tests/serving/test_real_depth.py: the first call at batch 2, then batches 1 and 3, each against eager); here for the
 # encoder, which no other test compiles from a batch of 2.
 FIRST_BATCHES = {"sd-unet": (1,), "vae-decoder": (1,), "vae-encoder": (1, 2)}
 CASES = [(kind, first) for kind in M.KINDS for first in FIRST_BATCHES.get(kind, (1,))]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-MODULE = Path(__file__).resolve().parent.parent / "compiler" / "build_process" / "child_priority.py"
+MODULE = Path(__file__).resolve().parents[2] / "compiler" / "build_process" / "child_priority.py"
 # As a build process does it: the module loaded by its path, with nothing of the pack imported.
 LOWERED = (f"import importlib.util, os, sys; spec = importlib.util.spec_from_file_location('p', {str(MODULE)!r}); "
            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); m.lower(); "

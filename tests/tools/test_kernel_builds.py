@@ -22,7 +22,7 @@ from tests.support.triton_python import triton_python
 
 pytestmark = pytest.mark.usefixtures("no_build_memo")  # the build process is the subject: every build compiles
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _write(root: Path, relative: str, text: str) -> None:

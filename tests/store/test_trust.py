@@ -19,7 +19,7 @@ from compiler.store.bundle import export_bundle, import_bundle, read_bundle
 from compiler.cli import main as cli_main
 from compiler.keys.graph_keys import GraphKey
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -83,7 +83,7 @@ def test_compiling_jobs_get_the_lock_and_every_core_the_others_their_lane_s_shar
     def fake_run(self, source, command, cwd, env, timeout, waited=None, hard_timeout=None):
         job = json.loads(Path(command[3]).read_text())
         given[(job["model"], job["variant"])] = (job, env, waited, hard_timeout)
-        from tests.test_bench_check import _ran
+        from tests.benchmarks.test_bench_check import _ran
 
         Path(command[4]).write_text(json.dumps(_ran(job["model"], job["variant"])))
         return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks import weight_release
-from tests.test_module_snapshot import _model, compiled_model
+from tests.tracing.test_module_snapshot import _model, compiled_model
 
 
 def test_a_compiled_model_keeps_no_replaced_weight_and_compiles_nothing():
@@ -40,7 +40,7 @@ def test_a_runner_that_holds_its_weights_is_caught():
 
 def test_the_check_lists_what_each_graph_kept():
     from benchmarks import check
-    from tests.test_bench_check import _ran
+    from tests.benchmarks.test_bench_check import _ran
 
     jobs = check.plan(models=["sd15"])
     results = {(j.model, j.variant): _ran(j.model, j.variant) for j in jobs}

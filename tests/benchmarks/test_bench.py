@@ -282,7 +282,7 @@ def test_a_session_runs_from_process_start_in_its_own_process(tmp_path):
 
     (job,) = [j for j in S.session_jobs("sd15", "unet") if j["session_variant"] == "eager"]
     job.update(profile="quick", device="cpu", dtype="fp32", images=3, steps=2, graphs_dir=str(tmp_path / "g"))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     result = runner.run_job(job, tmp_path, env, timeout=600)
     assert "error" not in result, result
     assert len(result["image_s"]) == 3 and result["compiles_in_session"] == 0

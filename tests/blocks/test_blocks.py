@@ -26,7 +26,7 @@ from compiler.blocks.server import BlockServer
 from compiler.diffusers_api import compiled_parts
 from tests.support import tiny_transformers as tt
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 1e-4  # float32; the graphs differ from eager by ~1e-6 here
 
 

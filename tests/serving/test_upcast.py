@@ -52,7 +52,7 @@ def test_save_writes_both_dtypes_and_an_upcast_vae_loads_its_graph(tmp_path):
     assert decoder.graph_calls == 2
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BFLOAT16_TOLERANCE = 3e-2  # images in [0, 1], rounded to 8 bits
 
 
