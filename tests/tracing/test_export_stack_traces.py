@@ -39,11 +39,14 @@ def test_a_build_process_traces_the_program_without_stacks(tmp_path, monkeypatch
     """AOTInductor's own trace in the build process (27.4-29.5 s against 21.4 s without stacks for the real-depth
     SD1.5 UNet): the operator's fake implementation, run by that trace in the build process, sees the setting on."""
     from compiler.backends import aot_build
-    from compiler.builds import package_builds
+    from compiler.builds import package_builds, spares
     from tests.support import stack_probe_op
 
     probe = tmp_path / "probe.txt"
     monkeypatch.setenv("KEEPFAST_TEST_STACK_PROBE", str(probe))
+    # a build process started before this test (an earlier test's spare) has no probe in its environment
+    monkeypatch.setenv(spares.SPARE_ENV, "0")
+    spares._stop_spares()
 
     class Probed(torch.nn.Module):
         def forward(self, x):
